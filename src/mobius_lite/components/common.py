@@ -1,0 +1,53 @@
+"""Small graph-building helpers shared by the components."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+from onnxscript import OpBuilder
+
+FLOAT = ir.DataType.FLOAT
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Runtime sizes of the current call as 1-element int64 tensors, computed once per graph.
+
+    Blocks work on flattened activations [batch * sequence, hidden]; mixers that need the
+    time axis (Mamba2, attention) reshape with these.
+    """
+
+    batch: ir.Value
+    sequence: ir.Value
+
+    def shape(self, op: OpBuilder, *tail: int | ir.Value) -> ir.Value:
+        """[batch, sequence, *tail] as a shape tensor."""
+        parts = [self.batch, self.sequence]
+        parts += [t if isinstance(t, ir.Value) else op.Constant(value_ints=[t]) for t in tail]
+        return op.Concat(*parts, axis=0)
+
+
+def to_float32(op: OpBuilder, value: ir.Value) -> ir.Value:
+    """Cast to FP32 unless already FP32 (the source's upcast points)."""
+    if value.dtype == FLOAT:
+        return value
+    return op.Cast(value, to=FLOAT)
+
+
+def cast_to(op: OpBuilder, value: ir.Value, dtype: ir.DataType) -> ir.Value:
+    """Cast unless `value` already has `dtype`."""
+    if value.dtype == dtype:
+        return value
+    return op.Cast(value, to=dtype)
+
+
+def flatten_rows(op: OpBuilder, value: ir.Value, width: int) -> ir.Value:
+    """[..., width] -> [rows, width]."""
+    return op.Reshape(value, op.Constant(value_ints=[-1, width]))
+
+
+def relu_squared(op: OpBuilder, value: ir.Value) -> ir.Value:
+    """Nemotron-H's relu2 activation: relu(x) ** 2."""
+    r = op.Relu(value)
+    return op.Mul(r, r)

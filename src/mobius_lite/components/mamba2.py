@@ -1,0 +1,162 @@
+"""NemotronHMamba2Mixer on standard opset-27 ops: CausalConvWithState + LinearAttention("gated").
+
+The SSD recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t h_t + D x_t maps onto
+LinearAttention's gated rule S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t with
+q = C, k = dt * B, v = x, g = dt * A (per head), scale 1. The state layout is therefore
+[batch, heads, ssm_state_size, head_dim].
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+from onnxscript import OpBuilder, nn
+
+from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
+from mobius_lite.components.linear import Linear
+from mobius_lite.components.norms import GatedGroupRMSNorm
+from mobius_lite.configs.layers import MambaSpec
+
+SSM_CACHE_IR_DTYPES = {
+    "float32": ir.DataType.FLOAT,
+    "float16": ir.DataType.FLOAT16,
+    "bfloat16": ir.DataType.BFLOAT16,
+}
+
+
+class Conv1d(nn.Module):
+    """Depthwise causal conv weights as stored: weight [conv_dim, 1, kernel], bias [conv_dim]."""
+
+    def __init__(self, channels: int, kernel: int, bias: bool, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.weight = nn.Parameter([channels, 1, kernel], dtype=dtype)
+        self.bias = nn.Parameter([channels], dtype=dtype) if bias else None
+
+    def forward(
+        self, op: OpBuilder, x: ir.Value, past_state: ir.Value
+    ) -> tuple[ir.Value, ir.Value]:
+        """x: [batch, channels, time] FP32 -> (silu(conv(x)), last kernel-1 inputs); all FP32."""
+        bias = to_float32(op, self.bias) if self.bias is not None else None
+        return op.CausalConvWithState(
+            x, to_float32(op, self.weight), bias, past_state, activation="silu", _outputs=2
+        )
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, spec: MambaSpec, hidden_size: int, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.spec = spec
+        self.dtype = dtype
+        s = spec
+        self.in_proj = Linear(hidden_size, s.in_proj_size, s.use_bias, dtype)
+        self.conv1d = Conv1d(s.conv_dim, s.conv_kernel, s.use_conv_bias, dtype)
+        self.dt_bias = nn.Parameter([s.num_heads], dtype=dtype)
+        self.A_log = nn.Parameter([s.num_heads], dtype=dtype)
+        self.D = nn.Parameter([s.num_heads], dtype=dtype)
+        self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, dtype)
+        self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, dtype)
+
+    @property
+    def ssm_cache_dtype(self) -> ir.DataType:
+        return SSM_CACHE_IR_DTYPES[self.spec.ssm_cache_dtype]
+
+    def _per_head(self, op: OpBuilder, grouped: ir.Value) -> ir.Value:
+        """[rows, groups * state] -> [batch, seq, heads * state]: head h reads group h // (H / G)."""
+        s = self.spec
+        g = op.Reshape(grouped, op.Constant(value_ints=[-1, s.n_groups, 1, s.ssm_state_size]))
+        rows = op.Shape(grouped, start=0, end=1)
+        target = op.Concat(
+            rows,
+            op.Constant(value_ints=[s.n_groups, s.num_heads // s.n_groups, s.ssm_state_size]),
+            axis=0,
+        )
+        return op.Expand(g, target)
+
+    def forward(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        dims: Dims,
+        token_mask: ir.Value,
+        past_conv: ir.Value,
+        past_ssm: ir.Value,
+    ) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """x: [rows, hidden]; token_mask: [rows, 1] (1 real token, 0 padding) in FP32.
+
+        Returns (output [rows, hidden], present conv_state, present recurrent_state).
+        """
+        s = self.spec
+        heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
+        group_width = s.n_groups * state
+
+        # Padding is zeroed before in_proj and after the conv, as the reference does.
+        projected = self.in_proj(op, op.Mul(x, cast_to(op, token_mask, x.dtype)))
+        gate, xbc, dt = op.Split(
+            projected,
+            op.Constant(value_ints=[s.intermediate_size, s.conv_dim, heads]),
+            axis=1,
+            _outputs=3,
+        )
+
+        # Causal depthwise conv with SiLU, in FP32 (bias add and SiLU stay FP32 in the source).
+        xbc_channels_first = op.Transpose(
+            op.Reshape(to_float32(op, xbc), dims.shape(op, s.conv_dim)), perm=[0, 2, 1]
+        )
+        conv_out, conv_state = self.conv1d(op, xbc_channels_first, to_float32(op, past_conv))
+        present_conv = cast_to(op, conv_state, past_conv.dtype)
+        conv_rows = op.Reshape(
+            op.Transpose(conv_out, perm=[0, 2, 1]), op.Constant(value_ints=[-1, s.conv_dim])
+        )
+        conv_rows = op.Mul(conv_rows, token_mask)
+        hidden, b, c = op.Split(
+            conv_rows,
+            op.Constant(value_ints=[s.intermediate_size, group_width, group_width]),
+            axis=1,
+            _outputs=3,
+        )
+
+        # dt = clamp(softplus(dt + dt_bias), time_step_limit), FP32, [rows, heads].
+        dt = op.Softplus(op.Add(to_float32(op, dt), to_float32(op, self.dt_bias)))
+        low, high = s.time_step_limit
+        if low > 0.0 or not math.isinf(high):
+            dt = op.Clip(
+                dt,
+                op.Constant(value=ir.tensor(low, dtype=FLOAT)),
+                op.Constant(value=ir.tensor(min(high, 3.0e38), dtype=FLOAT)),
+            )
+        a = op.Neg(op.Exp(to_float32(op, self.A_log)))
+
+        b_heads = self._per_head(op, b)  # [rows, G, H/G, N]
+        c_heads = self._per_head(op, c)
+        dt_heads = op.Reshape(dt, op.Constant(value_ints=[-1, s.n_groups, heads // s.n_groups, 1]))
+        key = op.Reshape(op.Mul(b_heads, dt_heads), dims.shape(op, heads * state))
+        query = op.Reshape(c_heads, dims.shape(op, heads * state))
+        value = op.Reshape(hidden, dims.shape(op, heads * head_dim))
+        decay = op.Reshape(op.Mul(dt, a), dims.shape(op, heads))
+
+        y, present_ssm = op.LinearAttention(
+            query,
+            key,
+            value,
+            to_float32(op, past_ssm),
+            decay,
+            update_rule="gated",
+            q_num_heads=heads,
+            kv_num_heads=heads,
+            scale=1.0,
+            _outputs=2,
+        )
+        present_ssm = cast_to(op, present_ssm, past_ssm.dtype)
+
+        # D skip connection, per head, in FP32.
+        y = op.Reshape(y, op.Constant(value_ints=[-1, heads, head_dim]))
+        skip = op.Mul(
+            op.Reshape(hidden, op.Constant(value_ints=[-1, heads, head_dim])),
+            op.Unsqueeze(to_float32(op, self.D), op.Constant(value_ints=[1])),
+        )
+        y = op.Reshape(op.Add(y, skip), op.Constant(value_ints=[-1, s.intermediate_size]))
+
+        normed = self.norm(op, y, gate)
+        out = self.out_proj(op, cast_to(op, normed, self.dtype))
+        return out, present_conv, present_ssm

@@ -1,0 +1,171 @@
+"""NemotronHMoE: FP32 sigmoid router with group-limited top-k, ReLU^2 experts, optional latent
+projections and shared expert.
+
+Experts are stored stacked (up_proj [E, I, D], down_proj [E, D, I]) and run in one Loop over
+the experts actually selected in this call: the node count does not depend on E, and only the
+chosen experts' weights are read and multiplied.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript import OpBuilder, nn
+
+from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float32
+from mobius_lite.components.linear import Linear
+from mobius_lite.components.mlp import ReLU2MLP
+from mobius_lite.configs.layers import MoESpec
+
+
+class TopkRouter(nn.Module):
+    """Selection uses sigmoid(logits) + e_score_correction_bias; weights use the plain sigmoid."""
+
+    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
+        super().__init__()
+        self.spec = spec
+        # The source keeps the router in FP32 (_keep_in_fp32_modules_strict).
+        self.weight = nn.Parameter([spec.n_routed_experts, hidden_size], dtype=FLOAT)
+        self.e_score_correction_bias = nn.Parameter([spec.n_routed_experts], dtype=FLOAT)
+
+    def _group_limit(self, op: OpBuilder, choice: ir.Value) -> ir.Value:
+        """Mask experts outside the topk_group best groups (group score = sum of its top-2)."""
+        s = self.spec
+        per_group = s.n_routed_experts // s.n_group
+        grouped = op.Reshape(choice, op.Constant(value_ints=[-1, s.n_group, per_group]))
+        top2, _ = op.TopK(grouped, op.Constant(value_ints=[2]), axis=-1, _outputs=2)
+        group_scores = op.ReduceSum(top2, op.Constant(value_ints=[-1]), keepdims=0)
+        _, best = op.TopK(group_scores, op.Constant(value_ints=[s.topk_group]), axis=-1, _outputs=2)
+        zeros = op.Mul(group_scores, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
+        ones = op.Expand(op.Constant(value=ir.tensor(1.0, dtype=FLOAT)), op.Shape(best))
+        keep_group = op.ScatterElements(zeros, best, ones, axis=1)
+        keep = op.Expand(
+            op.Unsqueeze(keep_group, op.Constant(value_ints=[-1])), op.Shape(grouped)
+        )
+        keep = op.Cast(op.Reshape(keep, op.Shape(choice)), to=ir.DataType.BOOL)
+        minus_inf = op.Constant(value=ir.tensor(float("-inf"), dtype=FLOAT))
+        return op.Where(keep, choice, minus_inf)
+
+    def forward(self, op: OpBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """x: [rows, hidden] -> (expert indices int64 [rows, k], weights FP32 [rows, k])."""
+        s = self.spec
+        scores = op.Sigmoid(op.Gemm(to_float32(op, x), self.weight, transB=1))
+        choice = op.Add(scores, self.e_score_correction_bias)
+        if s.n_group > 1 and s.topk_group < s.n_group:
+            choice = self._group_limit(op, choice)
+        _, indices = op.TopK(
+            choice, op.Constant(value_ints=[s.num_experts_per_tok]), axis=-1, _outputs=2
+        )
+        weights = op.GatherElements(scores, indices, axis=1)
+        if s.norm_topk_prob:
+            total = op.ReduceSum(weights, op.Constant(value_ints=[-1]), keepdims=1)
+            weights = op.Div(weights, op.Add(total, op.Constant(value=ir.tensor(1e-20, dtype=FLOAT))))
+        if s.routed_scaling_factor != 1.0:
+            weights = op.Mul(
+                weights, op.Constant(value=ir.tensor(s.routed_scaling_factor, dtype=FLOAT))
+            )
+        return indices, weights
+
+
+class Experts(nn.Module):
+    """Stacked ReLU^2 experts, run for the selected experts only (one Loop, any E)."""
+
+    def __init__(self, spec: MoESpec, input_size: int, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.spec = spec
+        self.input_size = input_size
+        e, inner = spec.n_routed_experts, spec.moe_intermediate_size
+        self.up_proj = nn.Parameter([e, inner, input_size], dtype=dtype)
+        self.down_proj = nn.Parameter([e, input_size, inner], dtype=dtype)
+
+    def forward(
+        self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value
+    ) -> ir.Value:
+        """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D]."""
+        k = self.spec.num_experts_per_tok
+        flat_expert = op.Reshape(indices, op.Constant(value_ints=[-1]))
+        flat_weight = op.Reshape(weights, op.Constant(value_ints=[-1]))
+        rows = op.Shape(x, start=0, end=1)
+        row_ids = op.Range(
+            op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64)),
+            op.Squeeze(rows, op.Constant(value_ints=[0])),
+            op.Constant(value=ir.tensor(1, dtype=ir.DataType.INT64)),
+        )
+        flat_row = op.Reshape(
+            op.Expand(
+                op.Unsqueeze(row_ids, op.Constant(value_ints=[1])),
+                op.Concat(rows, op.Constant(value_ints=[k]), axis=0),
+            ),
+            op.Constant(value_ints=[-1]),
+        )
+        selected, *_ = op.Unique(flat_expert, sorted=1, _outputs=4)
+        trip_count = op.Squeeze(op.Shape(selected), op.Constant(value_ints=[0]))
+        zeros = op.Mul(
+            to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT))
+        )
+        up, down = self.up_proj, self.down_proj
+
+        def body(op: OpBuilder, step: ir.Value, cond: ir.Value, acc: ir.Value):
+            expert = op.Gather(selected, step, axis=0)
+            positions = op.Squeeze(
+                op.NonZero(op.Equal(flat_expert, expert)), op.Constant(value_ints=[0])
+            )
+            token_rows = op.Gather(flat_row, positions, axis=0)
+            gate_weight = op.Unsqueeze(
+                op.Gather(flat_weight, positions, axis=0), op.Constant(value_ints=[1])
+            )
+            hidden = op.Gemm(op.Gather(x, token_rows, axis=0), op.Gather(up, expert, axis=0), transB=1)
+            out = op.Gemm(relu_squared(op, hidden), op.Gather(down, expert, axis=0), transB=1)
+            contribution = op.Mul(to_float32(op, out), gate_weight)
+            acc = op.ScatterND(
+                acc, op.Unsqueeze(token_rows, op.Constant(value_ints=[1])), contribution,
+                reduction="add",
+            )
+            return op.Identity(cond), acc
+
+        builder = op.builder
+        body_graph = builder.subgraph(
+            body,
+            inputs=[
+                ir.Value(name="step", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])),
+                ir.Value(name="cond_in", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
+                ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])),
+            ],
+            outputs=[
+                ir.Value(name="cond_out", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
+                ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])),
+            ],
+            name="experts_loop_body",
+        )
+        true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
+        return op.Loop(trip_count, true, zeros, body=body_graph)
+
+
+class MoE(nn.Module):
+    def __init__(self, spec: MoESpec, hidden_size: int, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.spec = spec
+        self.dtype = dtype
+        self.gate = TopkRouter(spec, hidden_size)
+        expert_width = spec.latent_size or hidden_size
+        self.experts = Experts(spec, expert_width, dtype)
+        if spec.latent_size is not None:
+            self.fc1_latent_proj = Linear(hidden_size, spec.latent_size, spec.bias, dtype)
+            self.fc2_latent_proj = Linear(spec.latent_size, hidden_size, spec.bias, dtype)
+        else:
+            self.fc1_latent_proj = None
+            self.fc2_latent_proj = None
+        if spec.has_shared_expert:
+            self.shared_experts = ReLU2MLP(hidden_size, spec.shared_intermediate_size, spec.bias, dtype)
+        else:
+            self.shared_experts = None
+
+    def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        indices, weights = self.gate(op, x)
+        routed_in = self.fc1_latent_proj(op, x) if self.fc1_latent_proj is not None else x
+        # Accumulated in FP32 like the reference (zeros_like(..., dtype=top_k_weights.dtype)).
+        routed = cast_to(op, self.experts(op, routed_in, indices, weights), self.dtype)
+        if self.fc2_latent_proj is not None:
+            routed = self.fc2_latent_proj(op, routed)
+        if self.shared_experts is not None:
+            routed = op.Add(routed, self.shared_experts(op, x))
+        return routed

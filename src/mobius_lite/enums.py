@@ -1,0 +1,90 @@
+"""The one vocabulary of layer kinds, state roles and dtypes, shared by every part of the package."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+import onnx_ir as ir
+
+
+class LayerKind(str, enum.Enum):
+    """What a Nemotron-H block mixes with. Values are the transformers 5.x spellings."""
+
+    MAMBA = "mamba"
+    ATTENTION = "attention"
+    MLP = "mlp"
+    MOE = "moe"
+
+    @property
+    def pattern_char(self) -> str:
+        """The character hybrid_override_pattern uses for this kind."""
+        return {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}[self.value]
+
+    @property
+    def states(self) -> tuple[StateRole, ...]:
+        """The cache tensors a layer of this kind carries between decode steps."""
+        if self is LayerKind.MAMBA:
+            return (StateRole.CONV, StateRole.RECURRENT)
+        if self is LayerKind.ATTENTION:
+            return (StateRole.KEY, StateRole.VALUE)
+        return ()
+
+
+class StateRole(str, enum.Enum):
+    """One cache tensor of a layer; the value is the suffix in past_key_values.{i}.<suffix>."""
+
+    KEY = "key"
+    VALUE = "value"
+    CONV = "conv_state"
+    RECURRENT = "recurrent_state"
+
+    def past_name(self, layer: int) -> str:
+        return f"past_key_values.{layer}.{self.value}"
+
+    def present_name(self, layer: int) -> str:
+        return f"present.{layer}.{self.value}"
+
+
+class Precision(str, enum.Enum):
+    """Element type of the exported weights and activations."""
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+
+    @property
+    def ir_dtype(self) -> ir.DataType:
+        return {
+            "f32": ir.DataType.FLOAT,
+            "f16": ir.DataType.FLOAT16,
+            "bf16": ir.DataType.BFLOAT16,
+        }[self.value]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return self.ir_dtype.numpy()
+
+    @classmethod
+    def parse(cls, value: str | Precision) -> Precision:
+        """Accept f32/f16/bf16 and the common long spellings (float32, float16, bfloat16)."""
+        if isinstance(value, Precision):
+            return value
+        aliases = {
+            "float32": "f32",
+            "fp32": "f32",
+            "float": "f32",
+            "float16": "f16",
+            "fp16": "f16",
+            "half": "f16",
+            "bfloat16": "bf16",
+        }
+        key = aliases.get(str(value).lower(), str(value).lower())
+        try:
+            return cls(key)
+        except ValueError:
+            from mobius_lite.errors import RouteError
+
+            raise RouteError(
+                f"dtype {value!r} is not supported; choose one of f32, f16, bf16."
+            ) from None

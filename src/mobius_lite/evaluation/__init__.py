@@ -1,0 +1,1 @@
+"""Comparison metrics and fixed gates for numerical verdicts."""

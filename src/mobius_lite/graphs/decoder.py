@@ -1,0 +1,77 @@
+"""The decoder graph and its I/O contract (docs/decoder_contract.md)."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript import GraphBuilder
+
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.enums import Precision
+from mobius_lite.graphs.cache import BATCH, cache_tensors
+from mobius_lite.models.nemotron_h import NemotronHForCausalLM
+
+OPSET = 27
+IR_VERSION = 11
+
+
+def _value(name: str, dtype: ir.DataType, shape: tuple[int | str, ...]) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(list(shape)))
+
+
+def build_decoder(
+    config: NemotronHConfig,
+    precision: Precision | str = Precision.F32,
+    *,
+    inputs_embeds: bool = False,
+    hidden_state_outputs: bool = False,
+) -> tuple[ir.Model, NemotronHForCausalLM]:
+    """Build the decoder graph (weights not yet bound: initializers have no data).
+
+    inputs_embeds=True makes the Omni-style decoder that takes embeddings instead of ids.
+    hidden_state_outputs=True adds hidden_states.{i} outputs (per-layer block outputs, rows
+    flattened to [batch * sequence, hidden]) for qualification; other outputs are unchanged.
+    """
+    precision = Precision.parse(precision)
+    dtype = precision.ir_dtype
+    module = NemotronHForCausalLM(config, dtype)
+
+    if inputs_embeds:
+        tokens = _value("inputs_embeds", dtype, (BATCH, "sequence", config.hidden_size))
+    else:
+        tokens = _value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
+    mask = _value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
+    cache = cache_tensors(config.layers, dtype)
+    past = {c.past_name: _value(c.past_name, c.dtype, c.past_shape) for c in cache}
+
+    graph = ir.Graph(
+        inputs=[tokens, mask, *past.values()],
+        outputs=[],
+        nodes=[],
+        opset_imports={"": OPSET},
+        name="nemotron_h_decoder",
+    )
+    builder = GraphBuilder(graph)
+    logits, presents, layer_outputs = module(builder.op, tokens, mask, past)
+
+    logits.name = "logits"
+    logits.type = ir.TensorType(ir.DataType.FLOAT)
+    logits.shape = ir.Shape([BATCH, "sequence", config.vocab_size])
+    outputs = [logits]
+    for c in cache:
+        value = presents[c.present_name]
+        if value.producer() is None or value in outputs or value.is_graph_input():
+            value = builder.op.Identity(value)
+        value.name = c.present_name
+        value.type = ir.TensorType(c.dtype)
+        value.shape = ir.Shape(list(c.present_shape))
+        outputs.append(value)
+    if hidden_state_outputs:
+        for i, hidden in enumerate(layer_outputs):
+            exposed = builder.op.Identity(hidden)
+            exposed.name = f"hidden_states.{i}"
+            exposed.type = ir.TensorType(dtype)
+            exposed.shape = ir.Shape(["rows", config.hidden_size])
+            outputs.append(exposed)
+    graph.outputs.extend(outputs)
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")
+    return model, module

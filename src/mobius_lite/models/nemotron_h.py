@@ -1,0 +1,146 @@
+"""The Nemotron-H causal LM as onnxscript modules: backbone.{embeddings, layers, norm_f} + lm_head.
+
+Module attribute names follow the released checkpoint (backbone.* prefix), so every
+initializer's name is the checkpoint tensor it comes from (stacked experts excepted: see
+weights/binding.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import onnx_ir as ir
+from onnxscript import OpBuilder, nn
+
+from mobius_lite.components import Attention, Embedding, Linear, Mamba2Mixer, MoE, ReLU2MLP, RMSNorm
+from mobius_lite.components.common import FLOAT, Dims, to_float32
+from mobius_lite.configs import LayerSpec, NemotronHConfig
+from mobius_lite.enums import LayerKind, StateRole
+
+
+@dataclass
+class StepInputs:
+    """Per-call values every block may need, computed once at the top of the graph."""
+
+    dims: Dims
+    token_mask: ir.Value  # FP32 [rows, 1]: 1 for real tokens of this call, 0 for padding
+    key_mask: ir.Value  # bool [batch, 1, 1, past + seq]
+    past: Mapping[str, ir.Value]  # past_key_values.* inputs by name
+
+
+class Block(nn.Module):
+    """NemotronHBlock: residual + mixer(norm(x))."""
+
+    def __init__(self, layer: LayerSpec, config: NemotronHConfig, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.layer = layer
+        hidden = config.hidden_size
+        self.norm = RMSNorm(hidden, config.layer_norm_epsilon, dtype)
+        if layer.kind is LayerKind.MAMBA:
+            self.mixer = Mamba2Mixer(layer.mamba, hidden, dtype)
+        elif layer.kind is LayerKind.ATTENTION:
+            self.mixer = Attention(layer.attention, hidden, dtype)
+        elif layer.kind is LayerKind.MLP:
+            self.mixer = ReLU2MLP(hidden, layer.mlp.intermediate_size, layer.mlp.bias, dtype)
+        else:
+            self.mixer = MoE(layer.moe, hidden, dtype)
+
+    def forward(
+        self, op: OpBuilder, hidden: ir.Value, step: StepInputs
+    ) -> tuple[ir.Value, dict[str, ir.Value]]:
+        i = self.layer.index
+        normed = self.norm(op, hidden)
+        presents: dict[str, ir.Value] = {}
+        kind = self.layer.kind
+        if kind is LayerKind.MAMBA:
+            out, conv, ssm = self.mixer(
+                op,
+                normed,
+                step.dims,
+                step.token_mask,
+                step.past[StateRole.CONV.past_name(i)],
+                step.past[StateRole.RECURRENT.past_name(i)],
+            )
+            presents[StateRole.CONV.present_name(i)] = conv
+            presents[StateRole.RECURRENT.present_name(i)] = ssm
+        elif kind is LayerKind.ATTENTION:
+            out, key, value = self.mixer(
+                op,
+                normed,
+                step.dims,
+                step.key_mask,
+                step.past[StateRole.KEY.past_name(i)],
+                step.past[StateRole.VALUE.past_name(i)],
+            )
+            presents[StateRole.KEY.present_name(i)] = key
+            presents[StateRole.VALUE.present_name(i)] = value
+        else:
+            out = self.mixer(op, normed)
+        return op.Add(hidden, out), presents
+
+
+class NemotronHModel(nn.Module):
+    def __init__(self, config: NemotronHConfig, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.embeddings = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.layers = nn.ModuleList([Block(layer, config, dtype) for layer in config.layers])
+        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon, dtype)
+
+    def forward(
+        self, op: OpBuilder, tokens: ir.Value, step: StepInputs
+    ) -> tuple[ir.Value, dict[str, ir.Value], list[ir.Value]]:
+        """tokens: input_ids [batch, seq] (int64) or inputs_embeds [batch, seq, hidden]
+        -> (final normed hidden [rows, hidden], presents, per-layer outputs)."""
+        if tokens.dtype == ir.DataType.INT64:
+            tokens = self.embeddings(op, tokens)
+        hidden = op.Reshape(tokens, op.Constant(value_ints=[-1, self.hidden_size]))
+        presents: dict[str, ir.Value] = {}
+        layer_outputs: list[ir.Value] = []
+        for block in self.layers:
+            hidden, block_presents = block(op, hidden, step)
+            presents.update(block_presents)
+            layer_outputs.append(hidden)
+        return self.norm_f(op, hidden), presents, layer_outputs
+
+
+class NemotronHForCausalLM(nn.Module):
+    def __init__(self, config: NemotronHConfig, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.config = config
+        self.backbone = NemotronHModel(config, dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else Linear(config.hidden_size, config.vocab_size, False, dtype)
+        )
+
+    def forward(
+        self,
+        op: OpBuilder,
+        tokens: ir.Value,
+        attention_mask: ir.Value,
+        past: Mapping[str, ir.Value],
+    ) -> tuple[ir.Value, dict[str, ir.Value], list[ir.Value]]:
+        """tokens: input_ids or inputs_embeds; attention_mask: int64 [batch, past + seq].
+
+        Returns (logits FP32 [batch, seq, vocab], presents by name, per-layer hidden outputs).
+        """
+        shape = op.Shape(tokens)
+        dims = Dims(batch=op.Slice(shape, [0], [1]), sequence=op.Slice(shape, [1], [2]))
+        current = op.Slice(
+            attention_mask, op.Neg(dims.sequence), op.Constant(value_ints=[2**62]), [1]
+        )
+        token_mask = op.Cast(op.Reshape(current, op.Constant(value_ints=[-1, 1])), to=FLOAT)
+        key_mask = op.Unsqueeze(
+            op.Cast(attention_mask, to=ir.DataType.BOOL), op.Constant(value_ints=[1, 2])
+        )
+        step = StepInputs(dims=dims, token_mask=token_mask, key_mask=key_mask, past=past)
+        hidden, presents, layer_outputs = self.backbone(op, tokens, step)
+        if self.lm_head is not None:
+            logits = self.lm_head(op, hidden)
+        else:
+            logits = op.Gemm(hidden, self.backbone.embeddings.weight, transB=1)
+        logits = op.Reshape(to_float32(op, logits), dims.shape(op, self.config.vocab_size))
+        return logits, presents, layer_outputs

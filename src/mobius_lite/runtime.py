@@ -1,0 +1,72 @@
+"""Run an exported decoder with onnxruntime: empty caches from the cache ABI, prefill, decode.
+
+Used by the qualification harness, benchmarks and tests; requires the `runtime` extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.graphs.cache import BATCH, PAST, CacheTensor, cache_tensors
+
+
+def empty_cache(cache: list[CacheTensor], batch: int) -> dict[str, np.ndarray]:
+    """Zero past states for a fresh sequence (attention KV with past length 0)."""
+    out = {}
+    for c in cache:
+        shape = [batch if d == BATCH else 0 if d == PAST else int(d) for d in c.past_shape]
+        out[c.past_name] = np.zeros(shape, dtype=c.dtype.numpy())
+    return out
+
+
+class DecoderSession:
+    """An onnxruntime session over a package's decoder that carries its own cache."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: NemotronHConfig,
+        dtype: ir.DataType = ir.DataType.FLOAT,
+        providers: list[str] | None = None,
+        session_options: object | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(
+            str(model_path), sess_options=session_options, providers=providers or ["CPUExecutionProvider"]
+        )
+        self.cache = cache_tensors(config.layers, dtype)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.past: dict[str, np.ndarray] = {}
+        self.mask: np.ndarray | None = None
+
+    def reset(self, batch: int) -> None:
+        self.past = empty_cache(self.cache, batch)
+        self.mask = np.zeros((batch, 0), dtype=np.int64)
+
+    def step(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one call; attention_mask covers only the new tokens (default all ones).
+
+        The full past + current mask is passed, as the I/O contract requires. Returns every
+        output by name and keeps the presents as the next past.
+        """
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        if self.mask is None:
+            self.reset(input_ids.shape[0])
+        new_mask = (
+            np.ones(input_ids.shape, dtype=np.int64)
+            if attention_mask is None
+            else np.asarray(attention_mask, dtype=np.int64)
+        )
+        assert self.mask is not None
+        self.mask = np.concatenate([self.mask, new_mask], axis=1)
+        feeds = {"input_ids": input_ids, "attention_mask": self.mask, **self.past}
+        results = dict(zip(self.output_names, self.session.run(None, feeds)))
+        self.past = {c.past_name: results[c.present_name] for c in self.cache}
+        return results

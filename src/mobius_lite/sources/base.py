@@ -1,0 +1,46 @@
+"""The lazy tensor-source protocol: names, dtypes and shapes up front, bytes only on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import ml_dtypes
+import numpy as np
+
+# safetensors dtype codes -> numpy dtypes (bf16 / fp8 through ml_dtypes).
+SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one source tensor lives and what it is, known without reading its data."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    location: str  # file path (or "memory") for messages and the manifest
+
+
+class TensorSource(Protocol):
+    """A checkpoint seen as named tensors; `read` returns a (possibly memory-mapped) array."""
+
+    def names(self) -> list[str]: ...
+
+    def info(self, name: str) -> TensorInfo: ...
+
+    def read(self, name: str) -> np.ndarray: ...

@@ -1,0 +1,105 @@
+"""The independent reference: transformers' NemotronHForCausalLM in torch FP32, plus the
+layout maps from its caches to the package's cache ABI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import NemotronHConfig as HFNemotronHConfig
+from transformers import NemotronHForCausalLM
+
+from mobius_lite.enums import LayerKind, StateRole
+
+TINY_BASE: dict[str, Any] = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    intermediate_size=48,
+    ssm_state_size=8,
+    mamba_num_heads=4,
+    mamba_head_dim=8,
+    n_groups=2,
+    conv_kernel=4,
+    chunk_size=4,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    moe_shared_expert_intermediate_size=24,
+    n_group=1,
+    topk_group=1,
+    layer_norm_epsilon=1e-5,
+)
+
+
+@contextmanager
+def pinned_torch() -> Iterator[None]:
+    """Pin ambient backend flags the oracle depends on, restoring them afterwards."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Give every parameter non-trivial values (norm weights, D, biases, router bias too)."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.data = torch.log(torch.rand(p.shape, generator=gen) * 4 + 0.5)
+        elif name.endswith("dt_bias"):
+            p.data = torch.rand(p.shape, generator=gen) * 2 - 1
+        elif p.ndim == 1:
+            p.data = 1.0 + 0.2 * torch.randn(p.shape, generator=gen)
+        else:
+            p.data = torch.randn(p.shape, generator=gen) * (1.0 / max(p.shape[-1], 1) ** 0.5)
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.data = 0.05 * torch.randn(b.shape, generator=gen)
+
+
+def make_reference(overrides: dict[str, Any], seed: int = 0) -> NemotronHForCausalLM:
+    config = HFNemotronHConfig(**{**TINY_BASE, **overrides})
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(config).eval()
+    randomize(model, seed)
+    return model
+
+
+def save_reference(model: NemotronHForCausalLM, directory: Path) -> Path:
+    model.save_pretrained(directory)
+    return directory
+
+
+def reference_cache_arrays(cache: Any, kinds: list[LayerKind]) -> dict[str, np.ndarray]:
+    """The reference DynamicCache mapped onto the package's present.{i}.* names and layouts.
+
+    conv: [B, C, kernel] -> last kernel-1 columns; recurrent: [B, H, head_dim, N] -> [B, H, N, head_dim].
+    """
+    out: dict[str, np.ndarray] = {}
+    for i, kind in enumerate(kinds):
+        layer = cache.layers[i]
+        if kind is LayerKind.ATTENTION:
+            out[StateRole.KEY.present_name(i)] = layer.keys.float().numpy()
+            out[StateRole.VALUE.present_name(i)] = layer.values.float().numpy()
+        elif kind is LayerKind.MAMBA:
+            conv = layer.conv_states[0].float().numpy()
+            out[StateRole.CONV.present_name(i)] = conv[:, :, 1:]
+            ssm = layer.recurrent_states[0].float().numpy()
+            out[StateRole.RECURRENT.present_name(i)] = np.swapaxes(ssm, -1, -2)
+    return out

@@ -1,0 +1,119 @@
+"""Prefill + cached decode parity between an exported package (onnxruntime) and transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from nemotron_reference import make_reference, pinned_torch, reference_cache_arrays
+
+import mobius_lite
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.evaluation.metrics import Comparison, compare
+from mobius_lite.runtime import DecoderSession
+
+
+@dataclass
+class ParityRun:
+    comparisons: list[Comparison] = field(default_factory=list)
+    reference_tokens: list[list[int]] = field(default_factory=list)
+    exported_tokens: list[list[int]] = field(default_factory=list)
+
+    def failures(self, nrmse: float, cosine: float) -> list[Comparison]:
+        return [c for c in self.comparisons if not c.passes(nrmse, cosine)]
+
+
+def export_reference(overrides: dict[str, Any], directory: Path, seed: int = 0):
+    model = make_reference(overrides, seed)
+    checkpoint = directory / "checkpoint"
+    model.save_pretrained(checkpoint)
+    package = mobius_lite.build(checkpoint, dtype="f32")
+    out = package.save(directory / "package")
+    config = NemotronHConfig.from_file(checkpoint)
+    return model, config, out
+
+
+def run_parity(
+    overrides: dict[str, Any],
+    directory: Path,
+    *,
+    prompt_length: int = 11,
+    decode_steps: int = 5,
+    batch: int = 1,
+    left_padding: tuple[int, ...] = (),
+    seed: int = 0,
+) -> ParityRun:
+    """Prefill `prompt_length` tokens then `decode_steps` greedy steps on both sides.
+
+    Each side is fed its own previous greedy token and its own state. Logits and K/V are
+    compared on real (non-padded) positions only: padded positions are never attended to.
+    """
+    model, config, package_dir = export_reference(overrides, directory, seed)
+    kinds = [layer.kind for layer in config.layers]
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, config.vocab_size, size=(batch, prompt_length)).astype(np.int64)
+    mask = np.ones_like(ids)
+    for row, pad in enumerate(left_padding):
+        ids[row, :pad] = config.pad_token_id or 0
+        mask[row, :pad] = 0
+    real = mask.astype(bool)
+
+    session = DecoderSession(package_dir / "model.onnx", config)
+    run = ParityRun()
+    with pinned_torch():
+        ref_mask = torch.from_numpy(mask)
+        ref = model(torch.from_numpy(ids), attention_mask=ref_mask, use_cache=True)
+        cache = ref.cache if hasattr(ref, "cache") else ref.past_key_values
+        ours = session.step(ids, mask)
+        ref_logits = ref.logits.float().numpy()
+        _compare_step(run, "prefill", ours, ref_logits, cache, kinds, real)
+
+        ref_next = ref_logits[:, -1].argmax(-1)
+        our_next = ours["logits"][:, -1].argmax(-1)
+        run.reference_tokens.append(ref_next.tolist())
+        run.exported_tokens.append(our_next.tolist())
+        full_mask = mask
+        for step in range(decode_steps):
+            full_mask = np.concatenate([full_mask, np.ones((batch, 1), np.int64)], axis=1)
+            real = np.concatenate([real, np.ones((batch, 1), bool)], axis=1)
+            ref = model(
+                torch.from_numpy(ref_next[:, None].astype(np.int64)),
+                attention_mask=torch.from_numpy(full_mask),
+                cache=cache,
+                use_cache=True,
+            )
+            cache = ref.cache if hasattr(ref, "cache") else ref.past_key_values
+            ours = session.step(our_next[:, None].astype(np.int64))
+            ref_logits = ref.logits.float().numpy()
+            _compare_step(run, f"decode{step}", ours, ref_logits, cache, kinds, real[:, -1:], real)
+            ref_next = ref_logits[:, -1].argmax(-1)
+            our_next = ours["logits"][:, -1].argmax(-1)
+            run.reference_tokens.append(ref_next.tolist())
+            run.exported_tokens.append(our_next.tolist())
+    return run
+
+
+def _compare_step(
+    run: ParityRun,
+    step: str,
+    ours: dict[str, np.ndarray],
+    ref_logits: np.ndarray,
+    cache: Any,
+    kinds: list,
+    real_tokens: np.ndarray,
+    real_keys: np.ndarray | None = None,
+) -> None:
+    real_keys = real_tokens if real_keys is None else real_keys
+    run.comparisons.append(
+        compare(f"{step}/logits", ours["logits"][real_tokens], ref_logits[real_tokens])
+    )
+    for name, expected in reference_cache_arrays(cache, kinds).items():
+        actual = ours[name]
+        if name.endswith((".key", ".value")):
+            # [B, H, T, D] -> real positions only
+            actual = actual.transpose(0, 2, 1, 3)[real_keys]
+            expected = expected.transpose(0, 2, 1, 3)[real_keys]
+        run.comparisons.append(compare(f"{step}/{name}", actual, expected))
