@@ -41,6 +41,8 @@ class ModelPackage:
     source_dir: Path | None = None
     provider: str = "cpu"
     extra_files: list[Path] = field(default_factory=list)
+    # Facts recorded in the package manifest (e.g. {"source": {"model": id, "revision": sha}}).
+    metadata: dict = field(default_factory=dict)
 
     def genai_config(self) -> dict:
         return genai_config(self.config, DECODER_FILE, provider=self.provider)

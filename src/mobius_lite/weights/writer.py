@@ -38,6 +38,40 @@ class WriteResult:
     bytes_written: int = 0
 
 
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """'1GiB', '512MB', '1048576' -> bytes (decimal kB/MB/GB, binary KiB/MiB/GiB)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        import re
+
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in SIZE_UNITS:
+            raise ValueError(
+                f"invalid size {text!r}: use a byte count or a number with a unit "
+                "(KB, MB, GB, KiB, MiB, GiB), e.g. 512MB or 1GiB"
+            )
+        value = int(float(match.group(1)) * SIZE_UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"size must be positive, found {text!r}")
+    return value
+
+
 def _chunks(tensor: ir.TensorProtocol) -> Iterator[bytes]:
     if isinstance(tensor, BoundTensor):
         yield from tensor.iter_chunks()
