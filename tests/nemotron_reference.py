@@ -8,12 +8,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import NemotronHConfig as HFNemotronHConfig
 from transformers import NemotronHForCausalLM
 
-from mobius_lite.enums import LayerKind, StateRole
+# the cache layout map lives in the package (qualify uses it); re-exported for the tests
+from mobius_lite.evaluation.cache_layout import reference_cache_arrays  # noqa: F401
 
 TINY_BASE: dict[str, Any] = dict(
     vocab_size=97,
@@ -75,6 +75,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 def make_reference(overrides: dict[str, Any], seed: int = 0) -> NemotronHForCausalLM:
     config = HFNemotronHConfig(**{**TINY_BASE, **overrides})
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
     torch.manual_seed(seed)
     model = NemotronHForCausalLM(config).eval()
     randomize(model, seed)
@@ -84,22 +85,3 @@ def make_reference(overrides: dict[str, Any], seed: int = 0) -> NemotronHForCaus
 def save_reference(model: NemotronHForCausalLM, directory: Path) -> Path:
     model.save_pretrained(directory)
     return directory
-
-
-def reference_cache_arrays(cache: Any, kinds: list[LayerKind]) -> dict[str, np.ndarray]:
-    """The reference DynamicCache mapped onto the package's present.{i}.* names and layouts.
-
-    conv: [B, C, kernel] -> last kernel-1 columns; recurrent: [B, H, head_dim, N] -> [B, H, N, head_dim].
-    """
-    out: dict[str, np.ndarray] = {}
-    for i, kind in enumerate(kinds):
-        layer = cache.layers[i]
-        if kind is LayerKind.ATTENTION:
-            out[StateRole.KEY.present_name(i)] = layer.keys.float().numpy()
-            out[StateRole.VALUE.present_name(i)] = layer.values.float().numpy()
-        elif kind is LayerKind.MAMBA:
-            conv = layer.conv_states[0].float().numpy()
-            out[StateRole.CONV.present_name(i)] = conv[:, :, 1:]
-            ssm = layer.recurrent_states[0].float().numpy()
-            out[StateRole.RECURRENT.present_name(i)] = np.swapaxes(ssm, -1, -2)
-    return out

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from nemotron_reference import make_reference, pinned_torch, reference_cache_arrays
 
 import mobius_lite
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import Comparison, compare
 from mobius_lite.runtime import DecoderSession
+from nemotron_reference import make_reference, pinned_torch, reference_cache_arrays
 
 
 @dataclass
@@ -21,15 +23,26 @@ class ParityRun:
     comparisons: list[Comparison] = field(default_factory=list)
     reference_tokens: list[list[int]] = field(default_factory=list)
     exported_tokens: list[list[int]] = field(default_factory=list)
+    prefill_logits: tuple[np.ndarray, np.ndarray] | None = None  # (exported, reference)
 
     def failures(self, nrmse: float, cosine: float) -> list[Comparison]:
         return [c for c in self.comparisons if not c.passes(nrmse, cosine)]
 
 
-def export_reference(overrides: dict[str, Any], directory: Path, seed: int = 0):
+def export_reference(
+    overrides: dict[str, Any],
+    directory: Path,
+    seed: int = 0,
+    patch: Callable[[Any], None] | None = None,
+    edit_checkpoint: Callable[[Path], None] | None = None,
+):
     model = make_reference(overrides, seed)
+    if patch is not None:
+        patch(model)
     checkpoint = directory / "checkpoint"
     model.save_pretrained(checkpoint)
+    if edit_checkpoint is not None:
+        edit_checkpoint(checkpoint)
     package = mobius_lite.build(checkpoint, dtype="f32")
     out = package.save(directory / "package")
     config = NemotronHConfig.from_file(checkpoint)
@@ -45,13 +58,41 @@ def run_parity(
     batch: int = 1,
     left_padding: tuple[int, ...] = (),
     seed: int = 0,
+    patch: Callable[[Any], None] | None = None,
+    edit_checkpoint: Callable[[Path], None] | None = None,
 ) -> ParityRun:
     """Prefill `prompt_length` tokens then `decode_steps` greedy steps on both sides.
 
     Each side is fed its own previous greedy token and its own state. Logits and K/V are
     compared on real (non-padded) positions only: padded positions are never attended to.
     """
-    model, config, package_dir = export_reference(overrides, directory, seed)
+    model, config, package_dir = export_reference(
+        overrides, directory, seed, patch, edit_checkpoint
+    )
+    return drive_parity(
+        model,
+        config,
+        package_dir,
+        prompt_length=prompt_length,
+        decode_steps=decode_steps,
+        batch=batch,
+        left_padding=left_padding,
+        seed=seed,
+    )
+
+
+def drive_parity(
+    model: Any,
+    config: NemotronHConfig,
+    package_dir: Path,
+    *,
+    prompt_length: int = 11,
+    decode_steps: int = 5,
+    batch: int = 1,
+    left_padding: tuple[int, ...] = (),
+    seed: int = 0,
+) -> ParityRun:
+    """Run a torch reference `model` and the package's decoder side by side (see run_parity)."""
     kinds = [layer.kind for layer in config.layers]
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, config.vocab_size, size=(batch, prompt_length)).astype(np.int64)
@@ -65,10 +106,16 @@ def run_parity(
     run = ParityRun()
     with pinned_torch():
         ref_mask = torch.from_numpy(mask)
-        ref = model(torch.from_numpy(ids), attention_mask=ref_mask, use_cache=True)
+        ref = model(
+            torch.from_numpy(ids),
+            attention_mask=_reference_mask(kinds, ref_mask, prompt_length),
+            use_cache=True,
+            position_ids=torch.arange(prompt_length).expand(batch, -1),
+        )
         cache = ref.cache if hasattr(ref, "cache") else ref.past_key_values
         ours = session.step(ids, mask)
         ref_logits = ref.logits.float().numpy()
+        run.prefill_logits = (ours["logits"], ref_logits)
         _compare_step(run, "prefill", ours, ref_logits, cache, kinds, real)
 
         ref_next = ref_logits[:, -1].argmax(-1)
@@ -81,9 +128,12 @@ def run_parity(
             real = np.concatenate([real, np.ones((batch, 1), bool)], axis=1)
             ref = model(
                 torch.from_numpy(ref_next[:, None].astype(np.int64)),
-                attention_mask=torch.from_numpy(full_mask),
+                attention_mask=_reference_mask(kinds, torch.from_numpy(full_mask), 1),
                 cache=cache,
                 use_cache=True,
+                # explicit positions: transformers cannot infer them from a cache that has
+                # no attention layer
+                position_ids=torch.full((batch, 1), full_mask.shape[1] - 1),
             )
             cache = ref.cache if hasattr(ref, "cache") else ref.past_key_values
             ours = session.step(our_next[:, None].astype(np.int64))
@@ -94,6 +144,20 @@ def run_parity(
             run.reference_tokens.append(ref_next.tolist())
             run.exported_tokens.append(our_next.tolist())
     return run
+
+
+def _reference_mask(kinds: list, mask: torch.Tensor, new_tokens: int) -> Any:
+    """The reference's own mask, except for models without attention layers.
+
+    transformers builds its causal mask from the cache's attention layers and fails when there
+    are none; such models get the per-kind mapping it accepts, holding exactly what
+    create_recurrent_attention_mask would give (the trailing new-token mask, or None for a
+    single decode token / an all-ones mask).
+    """
+    if LayerKind.ATTENTION in kinds:
+        return mask
+    recurrent = None if new_tokens == 1 or bool(mask.all()) else mask[:, -new_tokens:]
+    return {"full_attention": None, "linear_attention": recurrent}
 
 
 def _compare_step(

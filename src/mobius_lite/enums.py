@@ -1,4 +1,4 @@
-"""The one vocabulary of layer kinds, state roles and dtypes, shared by every part of the package."""
+"""The one vocabulary of layer kinds, state roles and dtypes, shared across the package."""
 
 from __future__ import annotations
 

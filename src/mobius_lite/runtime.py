@@ -37,7 +37,9 @@ class DecoderSession:
         import onnxruntime as ort
 
         self.session = ort.InferenceSession(
-            str(model_path), sess_options=session_options, providers=providers or ["CPUExecutionProvider"]
+            str(model_path),
+            sess_options=session_options,
+            providers=providers or ["CPUExecutionProvider"],
         )
         self.cache = cache_tensors(config.layers, dtype)
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -67,6 +69,6 @@ class DecoderSession:
         assert self.mask is not None
         self.mask = np.concatenate([self.mask, new_mask], axis=1)
         feeds = {"input_ids": input_ids, "attention_mask": self.mask, **self.past}
-        results = dict(zip(self.output_names, self.session.run(None, feeds)))
+        results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results

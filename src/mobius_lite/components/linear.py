@@ -9,9 +9,7 @@ from onnxscript import OpBuilder, nn
 class Linear(nn.Module):
     """y = x W^T (+ b) on 2-D activations; Gemm(transB=1) reads W in its stored [out, in] layout."""
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, dtype: ir.DataType
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: ir.DataType) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features

@@ -62,7 +62,8 @@ class Mamba2Mixer(nn.Module):
         return SSM_CACHE_IR_DTYPES[self.spec.ssm_cache_dtype]
 
     def _per_head(self, op: OpBuilder, grouped: ir.Value) -> ir.Value:
-        """[rows, groups * state] -> [batch, seq, heads * state]: head h reads group h // (H / G)."""
+        """[rows, groups * state] -> [rows, groups, heads / groups, state]: head h reads group
+        h // (H / G), the reference's repeat_interleave."""
         s = self.spec
         g = op.Reshape(grouped, op.Constant(value_ints=[-1, s.n_groups, 1, s.ssm_state_size]))
         rows = op.Shape(grouped, start=0, end=1)

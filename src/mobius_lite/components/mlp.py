@@ -10,7 +10,9 @@ from mobius_lite.components.linear import Linear
 
 
 class ReLU2MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, dtype: ir.DataType) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool, dtype: ir.DataType
+    ) -> None:
         super().__init__()
         self.up_proj = Linear(hidden_size, intermediate_size, bias, dtype)
         self.down_proj = Linear(intermediate_size, hidden_size, bias, dtype)

@@ -16,6 +16,10 @@ from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
 from mobius_lite.configs.layers import MoESpec
 
+INT64 = ir.DataType.INT64
+# Up to this many (row, expert) pairs the experts run as one gathered batched matmul.
+GATHERED_PAIRS_LIMIT = 16
+
 
 class TopkRouter(nn.Module):
     """Selection uses sigmoid(logits) + e_score_correction_bias; weights use the plain sigmoid."""
@@ -38,9 +42,7 @@ class TopkRouter(nn.Module):
         zeros = op.Mul(group_scores, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
         ones = op.Expand(op.Constant(value=ir.tensor(1.0, dtype=FLOAT)), op.Shape(best))
         keep_group = op.ScatterElements(zeros, best, ones, axis=1)
-        keep = op.Expand(
-            op.Unsqueeze(keep_group, op.Constant(value_ints=[-1])), op.Shape(grouped)
-        )
+        keep = op.Expand(op.Unsqueeze(keep_group, op.Constant(value_ints=[-1])), op.Shape(grouped))
         keep = op.Cast(op.Reshape(keep, op.Shape(choice)), to=ir.DataType.BOOL)
         minus_inf = op.Constant(value=ir.tensor(float("-inf"), dtype=FLOAT))
         return op.Where(keep, choice, minus_inf)
@@ -58,7 +60,9 @@ class TopkRouter(nn.Module):
         weights = op.GatherElements(scores, indices, axis=1)
         if s.norm_topk_prob:
             total = op.ReduceSum(weights, op.Constant(value_ints=[-1]), keepdims=1)
-            weights = op.Div(weights, op.Add(total, op.Constant(value=ir.tensor(1e-20, dtype=FLOAT))))
+            weights = op.Div(
+                weights, op.Add(total, op.Constant(value=ir.tensor(1e-20, dtype=FLOAT)))
+            )
         if s.routed_scaling_factor != 1.0:
             weights = op.Mul(
                 weights, op.Constant(value=ir.tensor(s.routed_scaling_factor, dtype=FLOAT))
@@ -77,18 +81,65 @@ class Experts(nn.Module):
         self.up_proj = nn.Parameter([e, inner, input_size], dtype=dtype)
         self.down_proj = nn.Parameter([e, input_size, inner], dtype=dtype)
 
-    def forward(
-        self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value
-    ) -> ir.Value:
-        """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D]."""
-        k = self.spec.num_experts_per_tok
+    def forward(self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
+        """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D].
+
+        Few (row, expert) pairs (decode): gather those experts' weights and run one batched
+        matmul, no Loop. Many (prefill): Loop over the distinct selected experts, each running
+        on the rows that chose it. Both read only selected experts; an If picks at run time.
+        """
         flat_expert = op.Reshape(indices, op.Constant(value_ints=[-1]))
         flat_weight = op.Reshape(weights, op.Constant(value_ints=[-1]))
+        few_pairs = op.LessOrEqual(
+            op.Size(flat_expert), op.Constant(value=ir.tensor(GATHERED_PAIRS_LIMIT, dtype=INT64))
+        )
+        output = ir.Value(
+            name="routed", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])
+        )
+        gathered = op.builder.subgraph(
+            lambda op: self._gathered(op, x, flat_expert, flat_weight),
+            inputs=[],
+            outputs=[output],
+            name="experts_gathered",
+        )
+        output = ir.Value(
+            name="routed", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])
+        )
+        looped = op.builder.subgraph(
+            lambda op: self._looped(op, x, flat_expert, flat_weight),
+            inputs=[],
+            outputs=[output],
+            name="experts_looped",
+        )
+        return op.If(few_pairs, then_branch=gathered, else_branch=looped)
+
+    def _gathered(
+        self, op: OpBuilder, x: ir.Value, flat_expert: ir.Value, flat_weight: ir.Value
+    ) -> ir.Value:
+        """Per (row, k) pair: W_up[e] @ x[row] as one batched matmul over the gathered experts."""
+        k = self.spec.num_experts_per_tok
+        rows = op.Reshape(
+            op.Expand(op.Unsqueeze(x, [1]), op.Constant(value_ints=[1, k, 1])),
+            op.Constant(value_ints=[-1, self.input_size, 1]),
+        )
+        hidden = op.MatMul(op.Gather(self.up_proj, flat_expert, axis=0), rows)  # [P, I, 1]
+        out = op.MatMul(op.Gather(self.down_proj, flat_expert, axis=0), relu_squared(op, hidden))
+        weighted = op.Mul(
+            op.Reshape(to_float32(op, out), op.Constant(value_ints=[-1, k, self.input_size])),
+            op.Reshape(flat_weight, op.Constant(value_ints=[-1, k, 1])),
+        )
+        return op.ReduceSum(weighted, op.Constant(value_ints=[1]), keepdims=0)
+
+    def _looped(
+        self, op: OpBuilder, x: ir.Value, flat_expert: ir.Value, flat_weight: ir.Value
+    ) -> ir.Value:
+        """Loop over the distinct selected experts; each runs on the rows that chose it."""
+        k = self.spec.num_experts_per_tok
         rows = op.Shape(x, start=0, end=1)
         row_ids = op.Range(
-            op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64)),
+            op.Constant(value=ir.tensor(0, dtype=INT64)),
             op.Squeeze(rows, op.Constant(value_ints=[0])),
-            op.Constant(value=ir.tensor(1, dtype=ir.DataType.INT64)),
+            op.Constant(value=ir.tensor(1, dtype=INT64)),
         )
         flat_row = op.Reshape(
             op.Expand(
@@ -99,9 +150,7 @@ class Experts(nn.Module):
         )
         selected, *_ = op.Unique(flat_expert, sorted=1, _outputs=4)
         trip_count = op.Squeeze(op.Shape(selected), op.Constant(value_ints=[0]))
-        zeros = op.Mul(
-            to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT))
-        )
+        zeros = op.Mul(to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
         up, down = self.up_proj, self.down_proj
 
         def body(op: OpBuilder, step: ir.Value, cond: ir.Value, acc: ir.Value):
@@ -113,26 +162,30 @@ class Experts(nn.Module):
             gate_weight = op.Unsqueeze(
                 op.Gather(flat_weight, positions, axis=0), op.Constant(value_ints=[1])
             )
-            hidden = op.Gemm(op.Gather(x, token_rows, axis=0), op.Gather(up, expert, axis=0), transB=1)
+            hidden = op.Gemm(
+                op.Gather(x, token_rows, axis=0), op.Gather(up, expert, axis=0), transB=1
+            )
             out = op.Gemm(relu_squared(op, hidden), op.Gather(down, expert, axis=0), transB=1)
             contribution = op.Mul(to_float32(op, out), gate_weight)
             acc = op.ScatterND(
-                acc, op.Unsqueeze(token_rows, op.Constant(value_ints=[1])), contribution,
+                acc,
+                op.Unsqueeze(token_rows, op.Constant(value_ints=[1])),
+                contribution,
                 reduction="add",
             )
             return op.Identity(cond), acc
 
-        builder = op.builder
-        body_graph = builder.subgraph(
+        width = ir.Shape(["rows", self.input_size])
+        body_graph = op.builder.subgraph(
             body,
             inputs=[
-                ir.Value(name="step", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])),
+                ir.Value(name="step", type=ir.TensorType(INT64), shape=ir.Shape([])),
                 ir.Value(name="cond_in", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-                ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])),
+                ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=width),
             ],
             outputs=[
                 ir.Value(name="cond_out", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-                ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])),
+                ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=width),
             ],
             name="experts_loop_body",
         )
@@ -155,7 +208,9 @@ class MoE(nn.Module):
             self.fc1_latent_proj = None
             self.fc2_latent_proj = None
         if spec.has_shared_expert:
-            self.shared_experts = ReLU2MLP(hidden_size, spec.shared_intermediate_size, spec.bias, dtype)
+            self.shared_experts = ReLU2MLP(
+                hidden_size, spec.shared_intermediate_size, spec.bias, dtype
+            )
         else:
             self.shared_experts = None
 

@@ -13,7 +13,7 @@ from mobius_lite.enums import LayerKind
 
 @dataclass(frozen=True)
 class MambaSpec:
-    """A Mamba2 mixer: in_proj -> causal conv -> SSD recurrence -> gated group RMSNorm -> out_proj."""
+    """A Mamba2 mixer: in_proj, causal conv, SSD recurrence, gated group RMSNorm, out_proj."""
 
     num_heads: int
     head_dim: int
@@ -59,7 +59,7 @@ class MLPSpec:
 
 @dataclass(frozen=True)
 class MoESpec:
-    """Sigmoid-routed mixture of ReLU^2 experts with an optional latent projection and shared expert."""
+    """Sigmoid-routed ReLU^2 experts with optional latent projections and a shared expert."""
 
     n_routed_experts: int
     num_experts_per_tok: int

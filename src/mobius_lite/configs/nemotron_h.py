@@ -165,7 +165,8 @@ class NemotronHConfig:
             0.0 <= self.time_step_limit[0] <= self.time_step_limit[1]
         ):
             raise ConfigError(
-                f"time_step_limit={self.time_step_limit!r}: expected [low, high] with 0 <= low <= high"
+                f"time_step_limit={self.time_step_limit!r}: expected [low, high] "
+                "with 0 <= low <= high"
             )
         if not self.layer_norm_epsilon > 0:
             raise ConfigError(f"layer_norm_epsilon must be > 0, found {self.layer_norm_epsilon}")
@@ -195,11 +196,15 @@ class NemotronHConfig:
         elif kind is LayerKind.ATTENTION:
             spec = AttentionSpec(
                 num_heads=require_positive_int(get("num_attention_heads"), "num_attention_heads"),
-                num_kv_heads=require_positive_int(get("num_key_value_heads"), "num_key_value_heads"),
+                num_kv_heads=require_positive_int(
+                    get("num_key_value_heads"), "num_key_value_heads"
+                ),
                 head_dim=require_positive_int(get("head_dim"), "head_dim"),
             )
             require_divides(
-                spec.num_heads, spec.num_kv_heads, f"{where}: num_attention_heads / num_key_value_heads"
+                spec.num_heads,
+                spec.num_kv_heads,
+                f"{where}: num_attention_heads / num_key_value_heads",
             )
             if get("attention_bias"):
                 raise ConfigError(
@@ -213,7 +218,9 @@ class NemotronHConfig:
                 )
         elif kind is LayerKind.MLP:
             spec = MLPSpec(
-                intermediate_size=require_positive_int(get("intermediate_size"), "intermediate_size"),
+                intermediate_size=require_positive_int(
+                    get("intermediate_size"), "intermediate_size"
+                ),
                 bias=bool(get("mlp_bias")),
             )
         else:
@@ -228,7 +235,9 @@ class NemotronHConfig:
                 ),
                 shared_intermediate_size=int(get("moe_shared_expert_intermediate_size") or 0),
                 n_shared_experts=int(get("n_shared_experts") or 0),
-                latent_size=None if latent is None else require_positive_int(latent, "moe_latent_size"),
+                latent_size=None
+                if latent is None
+                else require_positive_int(latent, "moe_latent_size"),
                 n_group=require_positive_int(get("n_group"), "n_group"),
                 topk_group=require_positive_int(get("topk_group"), "topk_group"),
                 norm_topk_prob=bool(get("norm_topk_prob")),
@@ -247,7 +256,8 @@ class NemotronHConfig:
         if per_group < 2:
             raise ConfigError(
                 f"{where}: each routing group needs at least 2 experts (the group score is the sum "
-                f"of its top-2), found n_routed_experts={spec.n_routed_experts}, n_group={spec.n_group}"
+                f"of its top-2), found n_routed_experts={spec.n_routed_experts}, "
+                f"n_group={spec.n_group}"
             )
         if spec.topk_group > spec.n_group:
             raise ConfigError(
@@ -256,7 +266,8 @@ class NemotronHConfig:
         if spec.num_experts_per_tok > spec.topk_group * per_group:
             raise ConfigError(
                 f"{where}: num_experts_per_tok={spec.num_experts_per_tok} exceeds the "
-                f"{spec.topk_group * per_group} experts reachable in topk_group={spec.topk_group} groups"
+                f"{spec.topk_group * per_group} experts reachable in "
+                f"topk_group={spec.topk_group} groups"
             )
         if spec.n_shared_experts not in (0, 1):
             raise ConfigError(
@@ -285,11 +296,13 @@ class NemotronHConfig:
             if not isinstance(pattern, str):
                 raise ConfigError(f"hybrid_override_pattern must be a string, found {pattern!r}")
             kinds = [
-                parse_layer_kind(ch, f"hybrid_override_pattern[{i}]") for i, ch in enumerate(pattern)
+                parse_layer_kind(ch, f"hybrid_override_pattern[{i}]")
+                for i, ch in enumerate(pattern)
             ]
         elif kinds is not None and pattern is not None:
             from_pattern = [
-                parse_layer_kind(ch, f"hybrid_override_pattern[{i}]") for i, ch in enumerate(pattern)
+                parse_layer_kind(ch, f"hybrid_override_pattern[{i}]")
+                for i, ch in enumerate(pattern)
             ]
             listed = [parse_layer_kind(k, f"layers_block_type[{i}]") for i, k in enumerate(kinds)]
             if from_pattern != listed:
@@ -323,7 +336,12 @@ class NemotronHConfig:
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         kwargs = {k: v for k, v in data.items() if k in names}
         kwargs["layers_block_type"] = tuple(kinds)
-        for float_field in ("layer_norm_epsilon", "time_step_min", "time_step_max", "time_step_floor"):
+        for float_field in (
+            "layer_norm_epsilon",
+            "time_step_min",
+            "time_step_max",
+            "time_step_floor",
+        ):
             if float_field in kwargs:
                 kwargs[float_field] = decode_float(kwargs[float_field], float_field)
         return cls(**kwargs)

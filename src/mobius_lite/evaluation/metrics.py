@@ -47,10 +47,10 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray) -> Comparison:
     ref_norm = float(np.linalg.norm(e))
     act_norm = float(np.linalg.norm(a))
     diff_norm = float(np.linalg.norm(diff))
-    if ref_norm == 0.0:
-        nrmse = 0.0 if diff_norm == 0.0 else float("inf")
-    else:
+    if ref_norm > 0.0:
         nrmse = diff_norm / ref_norm
+    else:  # an all-zero reference: equal only to all zeros
+        nrmse = 0.0 if diff_norm == 0.0 else float("inf")
     if ref_norm == 0.0 and act_norm == 0.0:
         cosine = 1.0
     elif ref_norm == 0.0 or act_norm == 0.0:

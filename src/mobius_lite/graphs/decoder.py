@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx_ir as ir
+from onnx_ir.passes.common.naming import NameFixPass
 from onnxscript import GraphBuilder
 
 from mobius_lite.configs import NemotronHConfig
@@ -24,16 +25,18 @@ def build_decoder(
     *,
     inputs_embeds: bool = False,
     hidden_state_outputs: bool = False,
+    tied_lm_head: bool | None = None,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
     inputs_embeds=True makes the Omni-style decoder that takes embeddings instead of ids.
     hidden_state_outputs=True adds hidden_states.{i} outputs (per-layer block outputs, rows
     flattened to [batch * sequence, hidden]) for qualification; other outputs are unchanged.
+    tied_lm_head overrides config.tie_word_embeddings (see build.lm_head_is_tied).
     """
     precision = Precision.parse(precision)
     dtype = precision.ir_dtype
-    module = NemotronHForCausalLM(config, dtype)
+    module = NemotronHForCausalLM(config, dtype, tied_lm_head)
 
     if inputs_embeds:
         tokens = _value("inputs_embeds", dtype, (BATCH, "sequence", config.hidden_size))
@@ -74,4 +77,6 @@ def build_decoder(
             outputs.append(exposed)
     graph.outputs.extend(outputs)
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")
+    # Subgraph builders number values per graph; make names unique across nested scopes.
+    NameFixPass()(model)
     return model, module

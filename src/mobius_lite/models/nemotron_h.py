@@ -106,15 +106,16 @@ class NemotronHModel(nn.Module):
 
 
 class NemotronHForCausalLM(nn.Module):
-    def __init__(self, config: NemotronHConfig, dtype: ir.DataType) -> None:
+    def __init__(
+        self, config: NemotronHConfig, dtype: ir.DataType, tied_lm_head: bool | None = None
+    ) -> None:
+        """tied_lm_head: read logits weights from the embedding table (default: the config's
+        tie_word_embeddings)."""
         super().__init__()
         self.config = config
         self.backbone = NemotronHModel(config, dtype)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, False, dtype)
-        )
+        tied = config.tie_word_embeddings if tied_lm_head is None else tied_lm_head
+        self.lm_head = None if tied else Linear(config.hidden_size, config.vocab_size, False, dtype)
 
     def forward(
         self,

@@ -51,13 +51,16 @@ def _parse_header(path: Path) -> dict[str, _Entry]:
             continue
         dtype = SAFETENSORS_DTYPES.get(meta.get("dtype"))
         if dtype is None:
-            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {meta.get('dtype')}")
+            raise CheckpointError(
+                f"{path}: tensor {name} has unsupported dtype {meta.get('dtype')}"
+            )
         begin, end = meta["data_offsets"]
         shape = tuple(int(d) for d in meta["shape"])
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if end - begin != expected:
             raise CheckpointError(
-                f"{path}: tensor {name} spans {end - begin} bytes but {shape} {dtype} needs {expected}"
+                f"{path}: tensor {name} spans {end - begin} bytes "
+                f"but {shape} {dtype} needs {expected}"
             )
         if data_start + end > size:
             raise CheckpointError(
@@ -81,7 +84,9 @@ class SafetensorsCheckpoint:
                 index = json.loads((path / INDEX_NAME).read_text())
                 weight_map: dict[str, str] = index["weight_map"]
             except (json.JSONDecodeError, KeyError):
-                raise CheckpointError(f"{path / INDEX_NAME}: not a valid safetensors index") from None
+                raise CheckpointError(
+                    f"{path / INDEX_NAME}: not a valid safetensors index"
+                ) from None
             files = sorted({path / f for f in weight_map.values()})
             missing = [str(f) for f in files if not f.is_file()]
             if missing:
@@ -97,7 +102,9 @@ class SafetensorsCheckpoint:
         for file in files:
             for name, entry in _parse_header(file).items():
                 if name in self._entries:
-                    raise CheckpointError(f"tensor {name} appears in both {self._entries[name].path} and {file}")
+                    raise CheckpointError(
+                        f"tensor {name} appears in both {self._entries[name].path} and {file}"
+                    )
                 self._entries[name] = entry
 
     def names(self) -> list[str]:
@@ -116,4 +123,6 @@ class SafetensorsCheckpoint:
         info = entry.info
         if info.nbytes == 0:
             return np.zeros(info.shape, dtype=info.dtype)
-        return np.memmap(entry.path, dtype=info.dtype, mode="r", offset=entry.offset, shape=info.shape)
+        return np.memmap(
+            entry.path, dtype=info.dtype, mode="r", offset=entry.offset, shape=info.shape
+        )

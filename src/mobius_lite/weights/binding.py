@@ -161,7 +161,9 @@ def _plan_stack(
             return None
         dtypes = {i.dtype for i in infos}
         if len(dtypes) != 1:
-            misshaped.append(f"{target}: experts stored with mixed dtypes {sorted(map(str, dtypes))}")
+            misshaped.append(
+                f"{target}: experts stored with mixed dtypes {sorted(map(str, dtypes))}"
+            )
             return None
         src_dtype = dtypes.pop()
         transform = Transform.STACK if src_dtype == dtype else Transform.STACK_CAST

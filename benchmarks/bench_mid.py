@@ -1,0 +1,229 @@
+"""Side-by-side CPU benchmark on the "mid" random Nemotron-H config (issue 2).
+
+One run measures, for the same random checkpoint:
+  export wall time and peak RSS (`mobius build` under /usr/bin/time -v), node count,
+  onnxruntime session-creation time, prefill latency (128 tokens) and per-token decode latency
+  (medians) for onnxruntime CPU next to transformers eager (torch CPU, FP32).
+
+Usage:
+    python benchmarks/bench_mid.py --workdir /tmp/bench_mid --threads 2 --json docs/bench_mid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+MID = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    layers_block_type=[
+        {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}[c]
+        for c in "ME*-MEME*ME-"
+    ],
+    mamba_num_heads=32,
+    mamba_head_dim=64,
+    ssm_state_size=64,
+    n_groups=4,
+    conv_kernel=4,
+    chunk_size=128,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    intermediate_size=2048,
+    n_routed_experts=64,
+    num_experts_per_tok=4,
+    moe_intermediate_size=512,
+    moe_shared_expert_intermediate_size=1024,
+    moe_latent_size=None,
+    n_group=1,
+    topk_group=1,
+)
+
+
+def make_checkpoint(directory: Path, seed: int = 0):
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    config = NemotronHConfig(**MID)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(config).eval()
+    with torch.no_grad():  # spread router scores so routing is not degenerate
+        for layer in model.model.layers:
+            if layer.block_type == "moe":
+                layer.mixer.gate.weight.normal_(0.0, 0.05)
+    model.save_pretrained(directory)
+    params = sum(p.numel() for p in model.parameters())
+    return model, params
+
+
+def timed_export(checkpoint: Path, output: Path) -> dict:
+    cmd = [
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        "-m",
+        "mobius_lite.cli.main",
+        "build",
+        "--model",
+        str(checkpoint),
+        "--output",
+        str(output),
+        "--dtype",
+        "f32",
+        "--overwrite",
+    ]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
+    return {"export_wall_s": wall, "export_peak_rss_mib": rss_kb / 1024}
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_onnxruntime(
+    package: Path, prompt: np.ndarray, decode_tokens: int, threads: int, repeats: int
+) -> dict:
+    import onnx
+    import onnxruntime as ort
+
+    from mobius_lite.configs import NemotronHConfig
+    from mobius_lite.runtime import DecoderSession
+
+    graph = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    top_nodes = len(graph.graph.node)
+    sub_nodes = sum(
+        len(a.g.node)
+        for n in graph.graph.node
+        for a in n.attribute
+        if a.type == onnx.AttributeProto.GRAPH
+    )
+    config = NemotronHConfig.from_file(package)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    start = time.perf_counter()
+    session = DecoderSession(package / "model.onnx", config, session_options=options)
+    created = time.perf_counter() - start
+
+    def prefill():
+        session.reset(prompt.shape[0])
+        return session.step(prompt)
+
+    prefill()  # warm-up
+    prefill_s = median_time(prefill, repeats)
+    out = prefill()
+    token = out["logits"][:, -1].argmax(-1)[:, None]
+    steps, tokens = [], []
+    for _ in range(decode_tokens):
+        start = time.perf_counter()
+        out = session.step(token)
+        steps.append(time.perf_counter() - start)
+        token = out["logits"][:, -1].argmax(-1)[:, None]
+        tokens.append(int(token[0, 0]))
+    return {
+        "nodes_top_level": top_nodes,
+        "nodes_in_subgraphs": sub_nodes,
+        "session_create_s": created,
+        "prefill_s": prefill_s,
+        "decode_token_s": statistics.median(steps[1:]),
+        "tokens": tokens,
+    }
+
+
+def bench_transformers(
+    model, prompt: np.ndarray, decode_tokens: int, threads: int, repeats: int
+) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    ids = torch.from_numpy(prompt)
+    positions = torch.arange(ids.shape[1])[None]
+
+    def prefill():
+        with torch.no_grad():
+            return model(ids, use_cache=True, position_ids=positions)
+
+    prefill()
+    prefill_s = median_time(prefill, repeats)
+    out = prefill()
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    token = out.logits[:, -1].argmax(-1)[:, None]
+    steps, tokens = [], []
+    length = ids.shape[1]
+    with torch.no_grad():
+        for _ in range(decode_tokens):
+            start = time.perf_counter()
+            out = model(token, cache=cache, use_cache=True, position_ids=torch.tensor([[length]]))
+            steps.append(time.perf_counter() - start)
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+            token = out.logits[:, -1].argmax(-1)[:, None]
+            tokens.append(int(token[0, 0]))
+            length += 1
+    return {
+        "prefill_s": prefill_s,
+        "decode_token_s": statistics.median(steps[1:]),
+        "tokens": tokens,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_mid"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint, package = args.workdir / "checkpoint", args.workdir / "package"
+    model, params = make_checkpoint(checkpoint)
+    export = timed_export(checkpoint, package)
+    prompt = np.random.default_rng(0).integers(3, MID["vocab_size"], size=(1, args.prompt_length))
+    ours = bench_onnxruntime(package, prompt, args.decode_tokens, args.threads, args.repeats)
+    ref = bench_transformers(model, prompt, args.decode_tokens, args.threads, args.repeats)
+    results = {
+        "config": "mid (" + "".join("ME*-MEME*ME-") + ")",
+        "parameters": params,
+        "checkpoint_bytes": sum(f.stat().st_size for f in checkpoint.glob("*.safetensors")),
+        "threads": args.threads,
+        "prompt_length": args.prompt_length,
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
+        **export,
+        "onnxruntime": ours,
+        "transformers_eager": ref,
+        "decode_ratio": ours["decode_token_s"] / ref["decode_token_s"],
+        "prefill_ratio": ours["prefill_s"] / ref["prefill_s"],
+        "same_greedy_tokens": ours["tokens"] == ref["tokens"],
+    }
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

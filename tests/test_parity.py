@@ -1,0 +1,182 @@
+"""Exported decoder (onnxruntime, FP32) vs transformers NemotronHForCausalLM (torch, FP32):
+prefill of >= 11 tokens and 5 cached greedy decode steps, every logits / K / V / conv /
+recurrent array, across the configuration space."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from parity import run_parity
+
+ALL_KINDS = ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]
+
+
+class ZeroSharedExpert(torch.nn.Module):
+    """Stands in for the shared expert of a model configured without one (n_shared_experts=0)."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
+
+
+def drop_shared_experts(model: Any) -> None:
+    for layer in model.model.layers:
+        if layer.block_type == "moe":
+            layer.mixer.shared_experts = ZeroSharedExpert()
+
+
+def tie_lm_head(model: Any) -> None:
+    """Make the reference's lm_head equal its embedding table (transformers' NemotronH keeps
+    lm_head a separate tensor even under tie_word_embeddings)."""
+    model.lm_head.weight.data = model.model.embeddings.weight.data.clone()
+
+
+def drop_tensor(name: str):
+    def edit(checkpoint: Path) -> None:
+        path = checkpoint / "model.safetensors"
+        tensors = load_file(path)
+        del tensors[name]
+        save_file(tensors, path, metadata={"format": "pt"})
+
+    return edit
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "all_kinds": dict(overrides=dict(layers_block_type=ALL_KINDS)),
+    "grouped_routing": dict(
+        overrides=dict(
+            layers_block_type=["moe", "linear_attention", "moe"],
+            n_routed_experts=16,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=3,
+            norm_topk_prob=False,
+            routed_scaling_factor=2.5,
+        )
+    ),
+    "latent_moe": dict(
+        overrides=dict(
+            layers_block_type=["linear_attention", "moe", "full_attention", "moe"],
+            moe_latent_size=12,
+            n_group=2,
+            topk_group=1,
+        )
+    ),
+    "no_shared_expert": dict(
+        overrides=dict(layers_block_type=["moe", "full_attention", "moe"], n_shared_experts=0),
+        patch=drop_shared_experts,
+    ),
+    "tied_embeddings": dict(
+        overrides=dict(
+            layers_block_type=["linear_attention", "full_attention", "mlp"],
+            tie_word_embeddings=True,
+        ),
+        patch=tie_lm_head,
+        edit_checkpoint=drop_tensor("lm_head.weight"),
+    ),
+    "mamba_one_group": dict(
+        overrides=dict(layers_block_type=["linear_attention", "linear_attention"], n_groups=1)
+    ),
+    "mamba_four_groups": dict(
+        overrides=dict(
+            layers_block_type=["linear_attention", "mlp", "linear_attention"],
+            mamba_num_heads=8,
+            mamba_head_dim=4,
+            n_groups=4,
+            ssm_state_size=6,
+        )
+    ),
+    "odd_sizes": dict(
+        overrides=dict(
+            layers_block_type=["full_attention", "linear_attention", "moe", "mlp"],
+            vocab_size=101,
+            hidden_size=40,
+            num_attention_heads=5,
+            num_key_value_heads=1,
+            head_dim=6,
+            intermediate_size=30,
+            mamba_num_heads=6,
+            mamba_head_dim=5,
+            n_groups=3,
+            ssm_state_size=7,
+            conv_kernel=3,
+            n_routed_experts=6,
+            moe_intermediate_size=10,
+            moe_shared_expert_intermediate_size=14,
+            chunk_size=5,
+        ),
+        prompt_length=17,
+    ),
+    "prompt_spans_chunks": dict(
+        overrides=dict(layers_block_type=["linear_attention", "full_attention"], chunk_size=4),
+        prompt_length=23,
+    ),
+    "left_padded_batch": dict(
+        overrides=dict(layers_block_type=ALL_KINDS), batch=2, left_padding=(4, 0)
+    ),
+    "left_padded_batch_of_3": dict(
+        overrides=dict(layers_block_type=["full_attention", "linear_attention", "moe"]),
+        batch=3,
+        left_padding=(0, 6, 2),
+        prompt_length=13,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_transformers(case: str, tmp_path: Path) -> None:
+    spec = dict(CASES[case])
+    overrides = spec.pop("overrides")
+    run = run_parity(overrides, tmp_path, **spec)
+
+    kinds = set(overrides["layers_block_type"])
+    families = {c.name.split("/", 1)[1].rsplit(".", 1)[-1] for c in run.comparisons}
+    expected = {"logits"}
+    if "full_attention" in kinds:
+        expected |= {"key", "value"}
+    if "linear_attention" in kinds:
+        expected |= {"conv_state", "recurrent_state"}
+    assert families == expected
+    assert len({c.name.split("/")[0] for c in run.comparisons}) == 6  # prefill + 5 decodes
+
+    failures = run.failures(FP32_NRMSE, FP32_COSINE)
+    assert not failures, "\n".join(
+        f"{c.name}: finite={c.finite} nrmse={c.nrmse:.3e} cos={c.cosine:.7f}" for c in failures
+    )
+    assert run.exported_tokens == run.reference_tokens
+
+
+def test_time_step_limit_is_the_runtime_clamp(tmp_path: Path) -> None:
+    """time_step_limit clamps dt at run time (time_step_min only initialises dt_bias).
+
+    transformers 5.x clamps its prefill path with (time_step_min, inf) and its single-token path
+    not at all, so the reference is given the config's limit explicitly and compared on the
+    prefill, where its clamp applies.
+    """
+    limit = (0.0, 0.4)
+
+    def clamp_reference(model: Any) -> None:
+        for layer in model.model.layers:
+            if layer.block_type == "linear_attention":
+                layer.mixer.time_step_limit = limit
+
+    overrides = dict(
+        layers_block_type=["linear_attention", "full_attention"], time_step_limit=limit
+    )
+    clamped = run_parity(overrides, tmp_path / "a", decode_steps=0, patch=clamp_reference)
+    assert not clamped.failures(FP32_NRMSE, FP32_COSINE)
+    assert clamped.exported_tokens == clamped.reference_tokens
+
+    # Control: the unclamped reference differs from the clamped export beyond the gate, so
+    # the comparison above would fail if the clamp were missing.
+    unclamped = run_parity(
+        {**overrides, "time_step_limit": (0.0, float("inf"))}, tmp_path / "b", decode_steps=0
+    )
+    assert clamped.prefill_logits is not None and unclamped.prefill_logits is not None
+    control = compare("control", clamped.prefill_logits[0], unclamped.prefill_logits[1])
+    assert not control.passes(FP32_NRMSE, FP32_COSINE)
