@@ -1,4 +1,9 @@
-"""The Python entry points: build(path) and build_from_module(module)."""
+"""The Python entry points: build(model) for checkpoints and build_from_module(module).
+
+build() validates in order of cost, so that every unsupported input fails before anything large
+is fetched, read or written: task, dtype / execution provider route, config (fetched alone for
+hub ids), weight format, then every tensor name, shape and dtype from safetensors headers.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.configs.loader import load_config_file
+from mobius_lite.configs.loader import load_text_config, read_config_json
 from mobius_lite.enums import Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.package import TOKENIZER_FILES, ModelPackage
+from mobius_lite.routes import check_route, check_source_dtypes, check_weight_format
 from mobius_lite.sources import MemorySource, SafetensorsCheckpoint
 from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.hub import fetch_weights, resolve_checkpoint
 from mobius_lite.weights.binding import bind_model, graph_parameters, plan_bindings
 
 SUPPORTED_TASKS = ("text-generation",)
+
+
+def check_task(task: str) -> str:
+    if task not in SUPPORTED_TASKS:
+        raise ConfigError(
+            f"task {task!r} is not supported; choose one of {', '.join(SUPPORTED_TASKS)}"
+        )
+    return task
 
 
 def unused_tensor_rules(config: NemotronHConfig) -> dict[str, str]:
@@ -39,6 +54,7 @@ def package_from_source(
     precision = Precision.parse(dtype)
     decoder, _ = build_decoder(config, precision)
     plan = plan_bindings(graph_parameters(decoder), source, unused_tensor_rules(config))
+    check_source_dtypes((b.sources[0], b.source_dtype) for b in plan.bindings)
     bind_model(decoder, plan, source)
     extras = []
     if source_dir is not None:
@@ -54,13 +70,30 @@ def package_from_source(
     )
 
 
-def build(model: str | Path, dtype: Precision | str = Precision.F32) -> ModelPackage:
-    """Export a local Nemotron-H checkpoint directory (config.json + safetensors)."""
-    path = Path(model)
-    if not path.is_dir():
-        raise ConfigError(f"{model}: not a checkpoint directory")
-    config = load_config_file(path)
-    return package_from_source(config, SafetensorsCheckpoint(path), dtype, source_dir=path)
+def build(
+    model: str | Path,
+    dtype: Precision | str = Precision.F32,
+    revision: str | None = None,
+    ep: str = "cpu",
+    task: str = "text-generation",
+) -> ModelPackage:
+    """Export a Nemotron-H checkpoint: a local directory or a hub id (pinned, see registry).
+
+    Nothing but config, tokenizer and safetensors headers is read here; tensor data is streamed
+    by ModelPackage.save. The resolved commit is recorded in metadata["source"].
+    """
+    check_task(task)
+    precision, provider = check_route(dtype, ep)
+    resolved = resolve_checkpoint(model, revision, weights=False)
+    raw = read_config_json(resolved.path)
+    config = load_text_config(raw)
+    check_weight_format(raw)
+    resolved = fetch_weights(resolved)  # hub: the same commit's shards, now the config is good
+    source = SafetensorsCheckpoint(resolved.path)
+    package = package_from_source(config, source, precision, source_dir=resolved.path)
+    package.provider = provider
+    package.metadata["source"] = resolved.source_record()
+    return package
 
 
 def build_from_module(
@@ -68,13 +101,16 @@ def build_from_module(
     config: Any = None,
     task: str = "text-generation",
     dtype: Precision | str = Precision.F32,
+    ep: str = "cpu",
 ) -> ModelPackage:
     """Export an in-memory transformers NemotronHForCausalLM (its state dict is the source)."""
-    if task not in SUPPORTED_TASKS:
-        raise ConfigError(f"task {task!r} is not supported; choose one of {SUPPORTED_TASKS}")
+    check_task(task)
+    precision, provider = check_route(dtype, ep)
     raw = config if config is not None else module.config
     if isinstance(raw, NemotronHConfig):
         parsed = raw
     else:
         parsed = NemotronHConfig.from_dict(raw if isinstance(raw, dict) else raw.to_dict())
-    return package_from_source(parsed, MemorySource(module.state_dict()), dtype)
+    package = package_from_source(parsed, MemorySource(module.state_dict()), precision)
+    package.provider = provider
+    return package

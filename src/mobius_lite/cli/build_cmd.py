@@ -1,30 +1,146 @@
-"""`mobius build`: export a checkpoint to an ONNX package."""
+"""`mobius build`: export a checkpoint (local directory or pinned hub id) to an ONNX package."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import textwrap
+from pathlib import Path
 
-from mobius_lite.build import build
+from mobius_lite.build import SUPPORTED_TASKS, build
+from mobius_lite.errors import PackageError
+from mobius_lite.registry import KNOWN_MODELS
+from mobius_lite.routes import EXECUTION_PROVIDERS
+from mobius_lite.weights.writer import DEFAULT_SHARD_SIZE, parse_size
+
+DTYPES = ("f32", "f16", "bf16")
+
+EPILOG = textwrap.dedent(
+    """\
+    examples:
+      # a local checkpoint directory (config.json + *.safetensors)
+      mobius build --model ./Nemotron-H-8B-Base-8K --output ./nemotron-h-8b-onnx
+
+      # a hub id: fetched at its pinned commit (see the list below), config checked first
+      mobius build --model nvidia/NVIDIA-Nemotron-Nano-9B-v2 --output ./nano9b --dtype f16
+
+      # another commit, bf16 weights for onnxruntime's CUDA provider, 512 MB shards
+      mobius build --model nvidia/NVIDIA-Nemotron-Nano-9B-v2 --revision main \\
+          --output ./nano9b-cuda --dtype bf16 --ep cuda --shard-size 512MB --overwrite
+
+      # offline, from an existing Hugging Face cache
+      HF_HUB_OFFLINE=1 HF_HUB_CACHE=/data/hf/hub mobius build --model ORG/NAME --output ./pkg
+
+    routes: --ep cpu runs f32 and f16; --ep cuda runs f32, f16 and bf16.
+    Every check (config, tensor names and shapes, dtype/provider) runs before any weight is
+    downloaded, read or written; on error nothing is left at --output.
+
+    hub ids pinned by default (--revision overrides):
+    """
+) + "\n".join(f"  {m.model_id:<52} {m.revision[:12]}  {m.family}" for m in KNOWN_MODELS)
+
+
+def shard_size(text: str) -> int:
+    """argparse type for --shard-size: a byte count or a size with a unit."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "build",
-        help="export a Nemotron-H checkpoint to an ONNX package",
-        description="Export a Nemotron-H checkpoint (config.json + safetensors) to an ONNX "
-        "package: model.onnx, external data, genai_config.json.",
+        help="export a Nemotron-H checkpoint (directory or hub id) to an ONNX package",
+        description="Export a Nemotron-H checkpoint to an ONNX package directory: model.onnx, "
+        "its external weight shards, genai_config.json, config.json and the tokenizer files. "
+        "Hub ids are resolved through huggingface_hub (HF_HOME, HF_HUB_CACHE and "
+        "HF_HUB_OFFLINE apply) at a pinned commit for known models.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", required=True, help="checkpoint directory")
-    p.add_argument("--output", required=True, help="package directory to create")
     p.add_argument(
-        "--dtype", default="f32", choices=["f32", "f16", "bf16"], help="weight/activation dtype"
+        "--model",
+        required=True,
+        metavar="ID_OR_DIR",
+        help="checkpoint directory (config.json + *.safetensors) or Hugging Face model id "
+        "(org/name)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing package")
+    p.add_argument(
+        "--revision",
+        metavar="REV",
+        help="hub commit SHA, branch or tag (default: the pinned commit for known ids, "
+        "else main); not allowed with a local directory",
+    )
+    p.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="package directory to create (must not exist or be empty, unless --overwrite)",
+    )
+    p.add_argument(
+        "--task",
+        default=SUPPORTED_TASKS[0],
+        choices=SUPPORTED_TASKS,
+        help="graph to export (default: %(default)s: decoder with logits and cache I/O)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="f32",
+        choices=DTYPES,
+        help="element type of the exported weights and activations (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ep",
+        default="cpu",
+        choices=EXECUTION_PROVIDERS,
+        help="onnxruntime execution provider the package targets; written into "
+        "genai_config.json (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shard-size",
+        type=shard_size,
+        default=DEFAULT_SHARD_SIZE,
+        metavar="SIZE",
+        help="largest external-data shard: bytes, or with a unit (512MB, 1GiB; default 1GiB)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing non-empty --output (the old package stays until the new one "
+        "is complete)",
+    )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="print nothing but errors (no progress bar)"
+    )
     p.set_defaults(run=run)
 
 
+def check_output(output: Path, overwrite: bool) -> None:
+    """Refuse a destination we would not write to, before any download or read."""
+    if output.exists() and not output.is_dir():
+        raise PackageError(f"--output {output} is a file; choose a directory path")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise PackageError(
+            f"{output} exists and is not empty; choose another --output or pass --overwrite"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
-    package = build(args.model, dtype=args.dtype)
-    out = package.save(args.output, overwrite=args.overwrite)
-    print(f"wrote {out}")
+    output = Path(args.output)
+    check_output(output, args.overwrite)
+    package = build(
+        args.model, dtype=args.dtype, revision=args.revision, ep=args.ep, task=args.task
+    )
+    source = package.metadata.get("source", {})
+    if not args.quiet:
+        revision = source.get("revision") or "(local directory, no revision)"
+        print(f"source: {source.get('model', args.model)}")
+        print(f"revision: {revision}")
+    options: dict = {"shard_size": args.shard_size, "overwrite": args.overwrite}
+    if "quiet" in inspect.signature(package.save).parameters:
+        options["quiet"] = args.quiet
+    out = package.save(output, **options)
+    if not args.quiet:
+        print(f"wrote {out} ({args.dtype}, ep {args.ep})")
     return 0

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from mobius_lite.configs.nemotron_h import NemotronHConfig
+from mobius_lite.configs.puzzle import PUZZLE_MODEL_TYPE, NemotronHPuzzleConfig
 from mobius_lite.errors import ConfigError
 
-SUPPORTED_MODEL_TYPES = ("nemotron_h",)
+SUPPORTED_MODEL_TYPES = ("nemotron_h", PUZZLE_MODEL_TYPE)
 
 
 def load_text_config(raw: dict[str, Any]) -> NemotronHConfig:
@@ -17,6 +18,8 @@ def load_text_config(raw: dict[str, Any]) -> NemotronHConfig:
     model_type = raw.get("model_type")
     if model_type == "nemotron_h":
         return NemotronHConfig.from_dict(raw)
+    if model_type == PUZZLE_MODEL_TYPE:
+        return NemotronHPuzzleConfig.from_dict(raw)
     raise ConfigError(
         f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
     )

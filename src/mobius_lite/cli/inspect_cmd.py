@@ -1,0 +1,259 @@
+"""`mobius inspect`: describe an exported package without loading its weights.
+
+Models are read with onnx.load(load_external_data=False), so only the graph protos are in
+memory. External data files are derived from the models' own external-data references (every
+graph, subgraphs included), never from a glob, and each is checked against the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from mobius_lite.errors import PackageError
+
+EPILOG = textwrap.dedent(
+    """\
+    examples:
+      mobius inspect ./nano9b                 # every *.onnx in the package directory
+      mobius inspect ./nano9b/model.onnx      # one model file
+      mobius inspect ./nano9b --json | jq '.models[0].nodes.main'
+    """
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="describe an exported package: graphs, I/O, ops, weights, data files",
+        description="Describe an exported package without loading its weights: per model, "
+        "the graph and its subgraphs, inputs and outputs with element types and shapes, node "
+        "counts by op type (top-level graph and subgraphs reported separately), weight element "
+        "types with tensor counts and bytes, and the external data files the model references "
+        "(with their size on disk). Reads genai_config.json and manifest.json if present.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "package", metavar="PACKAGE", help="package directory (built by mobius build) or .onnx file"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON (for machines)")
+    p.set_defaults(run=run)
+
+
+# --------------------------------------------------------------------------- report
+def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str:
+    if d.HasField("dim_value"):
+        return int(d.dim_value)
+    return d.dim_param or "?"
+
+
+def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
+    t = v.type.tensor_type
+    shape = [_dim(d) for d in t.shape.dim] if t.HasField("shape") else None
+    return {"name": v.name, "dtype": _dtype_name(t.elem_type), "shape": shape}
+
+
+def _dtype_name(elem_type: int) -> str:
+    """numpy-style element type names (float32, bfloat16, int64, ...)."""
+    try:
+        name = ir.DataType(elem_type).name.lower()
+    except ValueError:
+        return f"type{elem_type}"
+    return {"float": "float32", "double": "float64"}.get(name, name)
+
+
+def _subgraphs(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    """(node/attribute path, subgraph) for every nested graph, depth first."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                graphs = [attr.g]
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                graphs = list(attr.graphs)
+            else:
+                continue
+            for i, sub in enumerate(graphs):
+                suffix = f"[{i}]" if attr.type == onnx.AttributeProto.GRAPHS else ""
+                label = f"{node.op_type}:{node.name or '?'}.{attr.name}{suffix}"
+                yield label, sub
+                for inner_label, inner in _subgraphs(sub):
+                    yield f"{label}/{inner_label}", inner
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    """Stored size of an initializer, from its external-data length or its own fields."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in t.external_data}
+        if "length" in info:
+            return int(info["length"])
+    elif t.raw_data:
+        return len(t.raw_data)
+    count = 1
+    for d in t.dims:
+        count *= int(d)
+    try:
+        return int(count * ir.DataType(t.data_type).itemsize + 0.5)
+    except ValueError:
+        return 0
+
+
+def _weights(graphs: list[onnx.GraphProto], base: Path) -> tuple[dict, dict]:
+    by_dtype: dict[str, dict[str, int]] = {}
+    files: dict[str, dict[str, Any]] = {}
+    for graph in graphs:
+        for t in graph.initializer:
+            dtype = _dtype_name(t.data_type)
+            size = _tensor_bytes(t)
+            entry = by_dtype.setdefault(dtype, {"tensors": 0, "bytes": 0})
+            entry["tensors"] += 1
+            entry["bytes"] += size
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in t.external_data}
+                location = info.get("location", "")
+                rec = files.setdefault(location, {"tensors": 0, "bytes_referenced": 0, "end": 0})
+                rec["tensors"] += 1
+                rec["bytes_referenced"] += size
+                rec["end"] = max(rec["end"], int(info.get("offset", 0)) + size)
+    for location, rec in files.items():
+        path = base / location
+        end = rec.pop("end")
+        rec["exists"] = path.is_file()
+        rec["regular_file"] = rec["exists"] and not path.is_symlink() and path.stat().st_nlink == 1
+        rec["size_on_disk"] = path.stat().st_size if rec["exists"] else None
+        # every referenced byte range lies inside the file
+        rec["complete"] = rec["exists"] and rec["size_on_disk"] >= end
+    return by_dtype, dict(sorted(files.items()))
+
+
+def inspect_model(path: Path) -> dict[str, Any]:
+    """The report for one .onnx file (graph protos only; no tensor data is loaded)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError / OSError variants
+        raise PackageError(f"{path} is not a readable ONNX model: {exc}") from None
+    graph = model.graph
+    subgraphs = list(_subgraphs(graph))
+    sub_ops: Counter[str] = Counter()
+    for _, sub in subgraphs:
+        sub_ops.update(n.op_type for n in sub.node)
+    weights, files = _weights([graph] + [g for _, g in subgraphs], path.parent)
+    return {
+        "file": path.name,
+        "size_on_disk": path.stat().st_size,
+        "ir_version": model.ir_version,
+        "opsets": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
+        "graph": graph.name,
+        "subgraphs": [{"path": label, "nodes": len(g.node)} for label, g in subgraphs],
+        "inputs": [_value_info(v) for v in graph.input],
+        "outputs": [_value_info(v) for v in graph.output],
+        "nodes": {
+            "main": dict(sorted(Counter(n.op_type for n in graph.node).items())),
+            "main_total": len(graph.node),
+            "subgraphs": dict(sorted(sub_ops.items())),
+            "subgraphs_total": sum(sub_ops.values()),
+        },
+        "weights": dict(sorted(weights.items())),
+        "weights_total_bytes": sum(w["bytes"] for w in weights.values()),
+        "external_data": files,
+    }
+
+
+def inspect_package(target: str | Path) -> dict[str, Any]:
+    """The report for a package directory (every *.onnx in it) or a single .onnx file."""
+    target = Path(target)
+    if target.is_file():
+        root, models = target.parent, [target]
+    elif target.is_dir():
+        root, models = target, sorted(target.glob("*.onnx"))
+        if not models:
+            raise PackageError(
+                f"{target} holds no .onnx model; pass a package directory written by "
+                "mobius build, or a .onnx file"
+            )
+    else:
+        raise PackageError(f"{target}: no such package directory or .onnx file")
+    report: dict[str, Any] = {"package": str(target), "models": [inspect_model(m) for m in models]}
+    for name in ("genai_config.json", "manifest.json"):
+        path = root / name
+        if path.is_file():
+            report[name] = _summary(name, path)
+    return report
+
+
+def _summary(name: str, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, OSError) as exc:
+        return {"error": f"unreadable: {exc}"}
+    if name == "genai_config.json":
+        model = data.get("model", {})
+        options = model.get("decoder", {}).get("session_options", {}).get("provider_options", [])
+        providers = [k for opt in options for k in opt] or ["cpu"]
+        return {"type": model.get("type"), "providers": providers}
+    return {"source": data.get("source"), "keys": sorted(data)}
+
+
+# --------------------------------------------------------------------------- text output
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _shape(shape: list | None) -> str:
+    return "?" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"package: {report['package']}"]
+    if "manifest.json" in report and report["manifest.json"].get("source"):
+        src = report["manifest.json"]["source"]
+        lines.append(f"source: {src.get('model')} @ {src.get('revision') or '(local)'}")
+    if "genai_config.json" in report:
+        g = report["genai_config.json"]
+        lines.append(f"genai_config: type {g['type']}, providers {', '.join(g['providers'])}")
+    for m in report["models"]:
+        opsets = ", ".join(f"{d} {v}" for d, v in m["opsets"].items())
+        lines += ["", f"{m['file']} ({_human(m['size_on_disk'])}; ir {m['ir_version']}; {opsets})"]
+        lines.append(f"  graph {m['graph']!r}, {len(m['subgraphs'])} subgraph(s)")
+        for s in m["subgraphs"]:
+            lines.append(f"    {s['path']}: {s['nodes']} nodes")
+        for kind in ("inputs", "outputs"):
+            lines.append(f"  {kind} ({len(m[kind])}):")
+            lines += [f"    {v['name']}: {v['dtype']} {_shape(v['shape'])}" for v in m[kind]]
+        nodes = m["nodes"]
+        lines.append(f"  nodes in the main graph: {nodes['main_total']}")
+        lines += [f"    {op}: {n}" for op, n in nodes["main"].items()]
+        lines.append(f"  nodes inside subgraphs: {nodes['subgraphs_total']}")
+        lines += [f"    {op}: {n}" for op, n in nodes["subgraphs"].items()]
+        lines.append(f"  weights: {_human(m['weights_total_bytes'])}")
+        for dtype, w in m["weights"].items():
+            lines.append(f"    {dtype}: {w['tensors']} tensors, {_human(w['bytes'])}")
+        lines.append(f"  external data files ({len(m['external_data'])}):")
+        for name, f in m["external_data"].items():
+            state = "ok" if f["complete"] else ("MISSING" if not f["exists"] else "TRUNCATED")
+            lines.append(
+                f"    {name}: {f['tensors']} tensors, {_human(f['bytes_referenced'])} referenced, "
+                f"{_human(f['size_on_disk'])} on disk [{state}]"
+            )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = inspect_package(args.package)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,93 @@
+"""Which dtype / execution provider / weight format combinations an export may take.
+
+Checked before any hub request or tensor read, so an unsupported route costs nothing. Each
+refusal is one RouteError naming what was asked, what is supported and what to do instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from mobius_lite.enums import Precision
+from mobius_lite.errors import RouteError
+
+EXECUTION_PROVIDERS = ("cpu", "cuda")
+
+# Precisions whose graphs each provider runs. onnxruntime 1.32's CPU provider has no bfloat16
+# kernels for MatMul, Gemm or Add (NOT_IMPLEMENTED at session creation), so a bf16 graph
+# cannot run there.
+PROVIDER_PRECISIONS: dict[str, tuple[Precision, ...]] = {
+    "cpu": (Precision.F32, Precision.F16),
+    "cuda": (Precision.F32, Precision.F16, Precision.BF16),
+}
+
+# Source element types that bind to dense parameters by a plain (lossless or rounding) cast.
+DENSE_SOURCE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def parse_provider(ep: str) -> str:
+    """Normalise an execution-provider name ("CUDA", "CUDAExecutionProvider" -> "cuda")."""
+    key = str(ep).strip().lower().removesuffix("executionprovider")
+    if key not in EXECUTION_PROVIDERS:
+        raise RouteError(
+            f"execution provider {ep!r} is not supported; choose one of "
+            f"{', '.join(EXECUTION_PROVIDERS)} (--ep cpu or --ep cuda)"
+        )
+    return key
+
+
+def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str]:
+    """Validate the dtype / provider pair; returns them normalised."""
+    precision = Precision.parse(dtype)
+    provider = parse_provider(ep)
+    allowed = PROVIDER_PRECISIONS[provider]
+    if precision not in allowed:
+        others = [p for p, runs in PROVIDER_PRECISIONS.items() if precision in runs]
+        choices = " or ".join(f"--dtype {p.value}" for p in allowed)
+        raise RouteError(
+            f"dtype {precision.value} cannot run on the {provider} execution provider "
+            f"(onnxruntime's {provider} provider has no {precision.value} kernels for MatMul, "
+            "Gemm or Add); "
+            f"{provider} supports {', '.join(p.value for p in allowed)}. "
+            f"Use {' or '.join(f'--ep {o}' for o in others)} to build for a provider that runs "
+            f"{precision.value}, or {choices} to stay on {provider}."
+        )
+    return precision, provider
+
+
+def check_weight_format(raw_config: Mapping[str, Any]) -> None:
+    """Refuse checkpoints stored in a quantized format this library does not export yet.
+
+    Casting packed FP8 / NVFP4 / INT4 bytes to dense floats would silently drop their scales,
+    so a config that declares quantization is rejected before any weight is fetched or read.
+    """
+    quant = raw_config.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method", "unknown") if isinstance(quant, Mapping) else quant
+    algo = quant.get("quant_algo") if isinstance(quant, Mapping) else None
+    found = f"quant_method={method!r}" + (f", quant_algo={algo!r}" if algo else "")
+    raise RouteError(
+        f"config.json declares a quantized weight format ({found}); supported: dense "
+        f"{', '.join(DENSE_SOURCE_DTYPES)} safetensors. Export the BF16 release of this model "
+        "instead (e.g. the repository whose name ends in -BF16)."
+    )
+
+
+def check_source_dtypes(bound: Iterable[tuple[str, np.dtype]]) -> None:
+    """Refuse any bound source tensor whose element type is not a dense float (e.g. FP8, int8)."""
+    bad = [
+        f"{name} ({np.dtype(dt).name})"
+        for name, dt in bound
+        if np.dtype(dt).name not in DENSE_SOURCE_DTYPES
+    ]
+    if bad:
+        shown = ", ".join(bad[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else "")
+        raise RouteError(
+            f"checkpoint tensors stored in a packed or integer format: {shown}; supported source "
+            f"dtypes: {', '.join(DENSE_SOURCE_DTYPES)}. Export the BF16 release of this model "
+            "instead."
+        )
