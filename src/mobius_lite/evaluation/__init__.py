@@ -1,1 +1,3 @@
-"""Comparison metrics and fixed gates for numerical verdicts."""
+"""Qualification: comparison metrics and fixed gates (metrics, scoring), the transformers
+reference (reference, cache_layout), the instrumented graph (instrument), and `mobius qualify`
+itself (qualify, validity)."""

@@ -1,0 +1,188 @@
+"""onnxruntime-genai runs the exported text package: greedy tokens identical to transformers.
+
+Also pins down, by experiment, what onnxruntime-genai does with hybrid caches whose shapes
+differ between layers (docs/genai.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import mobius_lite
+from mobius_lite.configs.loader import load_text_config
+from mobius_lite.enums import LayerKind
+from mobius_lite.genai_config import genai_limitations
+from nemotron_reference import make_reference, pinned_torch
+
+og = pytest.importorskip(
+    "onnxruntime_genai",
+    reason="onnxruntime-genai is not installed (pip install onnxruntime-genai); CI installs it",
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = [5, 17, 33, 8, 61, 12, 40, 3, 77, 21, 9]
+NEW_TOKENS = 8
+PATTERNS = {
+    "hybrid": ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"],
+    "attention_only": ["full_attention", "mlp", "full_attention", "moe"],
+    "mamba_only": ["linear_attention", "mlp", "linear_attention", "moe"],
+}
+
+
+def _export(root: Path, pattern: list[str], seed: int = 0):
+    model = make_reference(dict(layers_block_type=pattern), seed=seed)
+    model.save_pretrained(root / "checkpoint")
+    package = mobius_lite.build(root / "checkpoint").save(root / "package", quiet=True)
+    return model, root / "checkpoint", package
+
+
+def genai_generate(package: Path, prompt: list[int], new_tokens: int) -> list[int]:
+    model = og.Model(og.Config(str(package)))
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(prompt) + new_tokens)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)[len(prompt) :]]
+
+
+def transformers_greedy(model, prompt: list[int], new_tokens: int, cached: bool) -> list[int]:
+    """transformers' greedy generate, or (models without attention, which its generate cannot
+    run: it asks the cache for a sequence length only attention layers have) the same greedy
+    loop recomputing the whole sequence each step without any cache."""
+    with pinned_torch():
+        ids = torch.tensor([prompt])
+        if cached:
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+            )
+            return out[0, len(prompt) :].tolist()
+        tokens: list[int] = []
+        for _ in range(new_tokens):
+            logits = model(ids, use_cache=False).logits[0, -1]
+            tokens.append(int(logits.argmax()))
+            ids = torch.cat([ids, torch.tensor([[tokens[-1]]])], dim=1)
+        return tokens
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_genai_greedy_matches_transformers(name: str, tmp_path: Path) -> None:
+    pattern = PATTERNS[name]
+    model, _, package = _export(tmp_path, pattern)
+    ours = genai_generate(package, PROMPT, NEW_TOKENS)
+    expected = transformers_greedy(model, PROMPT, NEW_TOKENS, cached=name != "mamba_only")
+    assert len(expected) == NEW_TOKENS  # no early end of sequence: every step is checked
+    assert ours == expected
+
+
+def test_genai_config_describes_the_graph(tmp_path: Path) -> None:
+    """Every cache input and output of the graph is named by one of the config's templates,
+    at its global layer index, and the model type is one onnxruntime-genai accepts."""
+    _, _, package = _export(tmp_path, PATTERNS["hybrid"])
+    config = json.loads((package / "genai_config.json").read_text())
+    decoder = config["model"]["decoder"]
+    assert config["model"]["type"] == "decoder"
+    assert config["search"]["past_present_share_buffer"] is False
+    proto = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    inputs = {i.name for i in proto.graph.input} - {"input_ids", "attention_mask"}
+    outputs = {o.name for o in proto.graph.output} - {"logits"}
+    described_in = {
+        decoder["inputs"][key] % layer
+        for key in ("past_key_names", "past_value_names")
+        for layer in (2,)
+    } | {
+        decoder["inputs"][key] % layer
+        for key in ("past_conv_names", "past_recurrent_names")
+        for layer in (0, 4)
+    }
+    described_out = {
+        decoder["outputs"][key] % layer
+        for key in ("present_key_names", "present_value_names")
+        for layer in (2,)
+    } | {
+        decoder["outputs"][key] % layer
+        for key in ("present_conv_names", "present_recurrent_names")
+        for layer in (0, 4)
+    }
+    assert inputs == described_in
+    assert outputs == described_out
+    assert decoder["num_hidden_layers"] == len(PATTERNS["hybrid"])
+
+
+def test_example_script_generates(tmp_path: Path) -> None:
+    model, checkpoint, _ = _export(tmp_path, PATTERNS["hybrid"], seed=1)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "generate_with_genai.py"),
+            str(checkpoint),
+            "--output",
+            str(tmp_path / "example-package"),
+            "--prompt-ids",
+            ",".join(map(str, PROMPT)),
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    expected = transformers_greedy(model, PROMPT, 4, cached=True)
+    assert f"new tokens: {expected}" in result.stdout
+
+
+# --------------------------------------------------------------------------- schema limits
+def _genai_error(package: Path) -> str:
+    try:
+        genai_generate(package, [1, 2, 3], 3)
+    except Exception as exc:  # onnxruntime-genai raises RuntimeError from C++
+        return str(exc)
+    return "ok"
+
+
+def _puzzle_package(root: Path, uniform_mamba: bool):
+    """The heterogeneous Puzzle fixture (per-layer attention heads, MoE shapes, Mamba heads);
+    with uniform_mamba its Mamba layers are given the global Mamba sizes."""
+    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+
+    blocks = [
+        {"block_type": "mamba"} if uniform_mamba and b["block_type"] == "mamba" else dict(b)
+        for b in HETEROGENEOUS_BLOCKS
+    ]
+    raw = puzzle_raw_config(blocks)
+    checkpoint, model = write_puzzle_checkpoint(raw, root / "checkpoint")
+    package = mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+    return model.float().eval(), load_text_config(raw), package
+
+
+def test_genai_runs_puzzle_with_per_layer_attention_heads(tmp_path: Path) -> None:
+    model, config, package = _puzzle_package(tmp_path, uniform_mamba=True)
+    attention = [layer.attention for layer in config.layers if layer.kind is LayerKind.ATTENTION]
+    heads = {(a.num_kv_heads, a.head_dim) for a in attention}
+    assert len(heads) > 1  # the attention layers really differ
+    assert genai_limitations(config) == []
+    expected = transformers_greedy(model, PROMPT, NEW_TOKENS, cached=True)
+    assert len(expected) == NEW_TOKENS
+    assert genai_generate(package, PROMPT, NEW_TOKENS) == expected
+
+
+def test_genai_cannot_run_per_layer_mamba_shapes_and_says_so(tmp_path: Path) -> None:
+    """onnxruntime-genai 0.18 gives every Mamba layer the first one's state shape, so a Puzzle
+    package whose Mamba layers differ fails at the first call; genai_limitations names it."""
+    _, config, package = _puzzle_package(tmp_path, uniform_mamba=False)
+    problems = genai_limitations(config)
+    assert [p.split()[1] for p in problems] == ["conv_state", "recurrent_state"]
+    message = _genai_error(package)
+    assert "invalid dimensions" in message and "conv_state" in message
