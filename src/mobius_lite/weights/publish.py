@@ -1,0 +1,214 @@
+"""Atomic publish: a package is built in a hidden sibling directory and renamed into place.
+
+- The staging directory is `.<name>.partial-<pid>-<random>` next to the destination (same
+  filesystem, so the final rename is atomic). Its manifest is written under a hidden pending
+  name and becomes manifest.json only in the step before the directory rename, and hidden
+  staging names are refused as packages, so a leftover is never taken for a package. The
+  export holds an flock on a sibling `.<name>.lock-<pid>-<random>` file while it runs; the
+  next export to the same destination removes the leftovers whose lock is free (their
+  process ended, however it died).
+- A non-empty destination is refused unless `overwrite`; with `overwrite` it must look like a
+  package (manifest.json or model.onnx inside), and it is replaced only at the very end: on
+  Linux by an atomic exchange (renameat2 RENAME_EXCHANGE), elsewhere by two renames.
+- A SIGKILL at any moment leaves the destination absent, untouched, or the new complete package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from secrets import token_hex
+
+from mobius_lite.errors import PackageError
+
+MANIFEST_FILE = "manifest.json"
+# Inside a staging directory the manifest waits under this hidden name; publish() gives it its
+# real name only immediately before the directory is renamed into place.
+PENDING_MANIFEST = ".manifest.json.pending"
+PACKAGE_MARKERS = (MANIFEST_FILE, "model.onnx")
+_STAGING = re.compile(r"^\.(?P<name>.+)\.(?:partial|old)-(?P<pid>\d+)-(?P<token>[0-9a-f]+)$")
+_LOCK = re.compile(r"^\.(?P<name>.+)\.lock-(?P<pid>\d+)-(?P<token>[0-9a-f]+)$")
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def check_destination(destination: Path, overwrite: bool) -> None:
+    """Raise PackageError now (before any large read or write) if `destination` is unusable."""
+    if destination.is_symlink():
+        raise PackageError(f"{destination} is a symbolic link; give the real directory path")
+    if not destination.exists():
+        return
+    if not destination.is_dir():
+        raise PackageError(f"{destination} exists and is not a directory; choose another output")
+    if not any(destination.iterdir()):
+        return
+    if not overwrite:
+        raise PackageError(
+            f"{destination} exists and is not empty; choose another output or pass --overwrite"
+        )
+    if not any((destination / m).is_file() for m in PACKAGE_MARKERS):
+        raise PackageError(
+            f"{destination} is not empty and does not look like a package (no manifest.json or "
+            "model.onnx); refusing to replace it even with --overwrite. Remove it yourself or "
+            "choose another output"
+        )
+
+
+def is_staging_name(name: str) -> bool:
+    """True for the hidden names of staging and replaced-package directories."""
+    return _STAGING.match(name) is not None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _lock_path(parent: Path, name: str, pid: str | int, token: str) -> Path:
+    return parent / f".{name}.lock-{pid}-{token}"
+
+
+def _owner_gone(lock: Path, pid: int) -> bool:
+    """True when the export that owns `lock` has ended (it holds an flock while it runs; the
+    kernel drops it however the process dies). Without a lock file, the pid decides."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return not _pid_alive(pid)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def sweep_stale(destination: Path) -> list[Path]:
+    """Remove the staging/old directories (and lock files) of ended exports to `destination`."""
+    removed: list[Path] = []
+    parent = destination.parent
+    if not parent.is_dir():
+        return removed
+    for entry in sorted(parent.iterdir()):
+        match = _STAGING.match(entry.name)
+        if not match or match["name"] != destination.name:
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        lock = _lock_path(parent, match["name"], match["pid"], match["token"])
+        if _owner_gone(lock, int(match["pid"])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    for entry in sorted(parent.iterdir()):
+        match = _LOCK.match(entry.name)
+        if not match or match["name"] != destination.name or not entry.is_file():
+            continue
+        if _owner_gone(entry, int(match["pid"])):
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+            removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def staging_directory(destination: Path) -> Iterator[Path]:
+    """A fresh hidden sibling of `destination`, locked while this export runs; removed if the
+    block raises."""
+    parent = destination.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(destination)
+    pid, token = os.getpid(), token_hex(4)
+    lock = _lock_path(parent, destination.name, pid, token)
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        path = parent / f".{destination.name}.partial-{pid}-{token}"
+        path.mkdir()
+        try:
+            yield path
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+        os.close(fd)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make entries created or renamed inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2); False where the platform cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _disarm(old: Path) -> None:
+    """Unlink a replaced package's manifest first, so that its remains never look like one."""
+    with contextlib.suppress(FileNotFoundError):
+        (old / MANIFEST_FILE).unlink()
+
+
+def _discard(old: Path) -> None:
+    """Remove a replaced (already disarmed) package."""
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def publish(staging: Path, destination: Path, overwrite: bool) -> Path:
+    """Move the complete package in `staging` to `destination` in one atomic step."""
+    check_destination(destination, overwrite)  # again: something may have appeared meanwhile
+    os.rename(staging / PENDING_MANIFEST, staging / MANIFEST_FILE)
+    fsync_directory(staging)
+    if destination.exists() and any(destination.iterdir()):
+        if _exchange(staging, destination):
+            old = staging  # after the swap the staging name holds the previous package
+        else:
+            # Two renames: between them the destination is briefly absent (never half-built).
+            old = staging.with_name(staging.name.replace(".partial-", ".old-", 1))
+            os.rename(destination, old)
+            os.rename(staging, destination)
+        _disarm(old)
+        fsync_directory(destination.parent)
+        _discard(old)
+    else:
+        # rename(2) replaces an empty directory atomically, and creates a missing one.
+        os.rename(staging, destination)
+        fsync_directory(destination.parent)
+    return destination

@@ -1,0 +1,389 @@
+"""Verify a package against its source checkpoint by re-reading both sides.
+
+Two layers of checks:
+- structure (`check_references`): every external-data reference in every graph of model.onnx,
+  subgraphs and Constant attributes included, names a regular file in the package (no links,
+  no paths) and a range inside it of the right length; the data files are exactly those the
+  model references; the manifest agrees with the model.
+- content (`verify_package`): every bound source tensor is re-read from the checkpoint and
+  compared with the bytes in the shard: byte-exact for identity and stack, and for casts the
+  source is cast again (numpy/ml_dtypes, round-to-nearest-even) and the bytes compared. The
+  source and written sha256 recorded at export are checked too, and every checkpoint tensor
+  must be bound once or listed as unused.
+Memory stays bounded: both sides are streamed chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mobius_lite.sources import SafetensorsCheckpoint
+from mobius_lite.sources.base import TensorSource
+from mobius_lite.weights.manifest import read_manifest
+from mobius_lite.weights.writer import DEFAULT_CHUNK_BYTES, iter_source_bytes
+
+
+@dataclass(frozen=True)
+class ExternalRef:
+    """One tensor's external-data reference as written in the model proto."""
+
+    name: str
+    location: str
+    offset: int
+    length: int | None
+    data_type: int
+    dims: tuple[int, ...]
+
+    @property
+    def expected_length(self) -> int:
+        return int(np.prod(self.dims, dtype=np.int64)) * ir.DataType(self.data_type).itemsize
+
+
+@dataclass
+class VerifyReport:
+    """The verdict on a package's weights: ok only if nothing mismatched."""
+
+    package: Path
+    source: str
+    checked: int = 0
+    bytes_compared: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "package": str(self.package),
+            "source": self.source,
+            "ok": self.ok,
+            "checked": self.checked,
+            "bytes_compared": self.bytes_compared,
+            "mismatches": list(self.mismatches),
+        }
+
+
+# --------------------------------------------------------------------------- structure
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes) -> Iterator[onnx.TensorProto]:
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _graph_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _graph_tensors(sub)
+
+
+def external_references(model_path: Path) -> list[ExternalRef]:
+    """Every external tensor reference in the model: main graph, subgraphs, functions."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    tensors = list(_graph_tensors(model.graph))
+    for function in model.functions:
+        tensors.extend(_node_tensors(function.node))
+    refs = []
+    for tensor in tensors:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        refs.append(
+            ExternalRef(
+                name=tensor.name,
+                location=info.get("location", ""),
+                offset=int(info.get("offset", 0)),
+                length=int(info["length"]) if "length" in info else None,
+                data_type=tensor.data_type,
+                dims=tuple(tensor.dims),
+            )
+        )
+    return refs
+
+
+def _check_file(directory: Path, location: str) -> str | None:
+    if not location or Path(location).name != location or location in (".", ".."):
+        return f"external data location {location!r} is not a plain file name in the package"
+    try:
+        st = os.lstat(directory / location)
+    except FileNotFoundError:
+        return f"external data file {location} is missing"
+    if stat.S_ISLNK(st.st_mode):
+        return f"external data file {location} is a symbolic link (ORT refuses them)"
+    if not stat.S_ISREG(st.st_mode):
+        return f"external data file {location} is not a regular file"
+    if st.st_nlink != 1:
+        return f"external data file {location} has {st.st_nlink} hard links (ORT refuses them)"
+    return None
+
+
+def check_references(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """Structural problems of the package in `directory` (empty list when sound)."""
+    directory = Path(directory)
+    problems: list[str] = []
+    model_file = manifest.get("model_file", "model.onnx")
+    refs = external_references(directory / model_file)
+    files = manifest.get("files", {})
+    data_files = {n for n, f in files.items() if f.get("role") == "external-data"}
+    sizes: dict[str, int] = {}
+    for location in sorted({r.location for r in refs}):
+        problem = _check_file(directory, location)
+        if problem:
+            problems.append(problem)
+        else:
+            sizes[location] = (directory / location).stat().st_size
+    referenced = {r.location for r in refs}
+    for name in sorted(data_files - referenced):
+        problems.append(f"data file {name} is listed in the manifest but no tensor references it")
+    for name in sorted(referenced - data_files):
+        problems.append(f"data file {name} is referenced by the model but not in the manifest")
+    for name, size in sizes.items():
+        if name in files and files[name]["bytes"] != size:
+            problems.append(
+                f"{name} has {size} bytes; the manifest recorded {files[name]['bytes']}"
+            )
+
+    spans: dict[str, list[tuple[int, int, str]]] = {}
+    for ref in refs:
+        if ref.length is None or ref.length != ref.expected_length:
+            problems.append(
+                f"{ref.name}: external length {ref.length} but {list(ref.dims)} of "
+                f"{ir.DataType(ref.data_type).name} needs {ref.expected_length} bytes"
+            )
+            continue
+        if ref.location in sizes and ref.offset + ref.length > sizes[ref.location]:
+            problems.append(
+                f"{ref.name}: range {ref.offset}+{ref.length} runs past the end of "
+                f"{ref.location} ({sizes[ref.location]} bytes)"
+            )
+        spans.setdefault(ref.location, []).append((ref.offset, ref.offset + ref.length, ref.name))
+    for location, ranges in spans.items():
+        ranges.sort()
+        for (_, end, first), (start, _, second) in zip(ranges, ranges[1:], strict=False):
+            if start < end:
+                problems.append(f"{first} and {second} overlap in {location}")
+
+    by_name = {r.name: r for r in refs}
+    initializers = manifest.get("initializers", {})
+    for name, entry in initializers.items():
+        ref = by_name.get(name)
+        if ref is None:
+            problems.append(f"{name}: in the manifest but not an external tensor of the model")
+        elif (ref.location, ref.offset, ref.length) != (
+            entry["file"],
+            entry["offset"],
+            entry["length"],
+        ):
+            problems.append(
+                f"{name}: model says {ref.location}+{ref.offset}:{ref.length}, manifest says "
+                f"{entry['file']}+{entry['offset']}:{entry['length']}"
+            )
+    for name in sorted(set(by_name) - set(initializers)):
+        problems.append(f"{name}: external tensor of the model missing from the manifest")
+    return problems
+
+
+# --------------------------------------------------------------------------- content
+def _pread_exact(fd: int, length: int, offset: int) -> bytes:
+    data = os.pread(fd, length, offset)
+    while len(data) < length:
+        more = os.pread(fd, length - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def _first_difference(expected: bytes, actual: bytes) -> int:
+    a = np.frombuffer(expected, dtype=np.uint8)
+    b = np.frombuffer(actual, dtype=np.uint8)
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class _Verifier:
+    def __init__(self, directory: Path, manifest: dict[str, Any], source: TensorSource, report):
+        self.directory = directory
+        self.manifest = manifest
+        self.source = source
+        self.report: VerifyReport = report
+        self.fds: dict[str, int] = {}
+        self.names = set(source.names())
+        self.refs = {r.name: r for r in external_references(directory / manifest["model_file"])}
+
+    def fd(self, location: str) -> int | None:
+        """An open descriptor, or None for a file that cannot be read (reported already)."""
+        if location not in self.fds:
+            try:
+                self.fds[location] = os.open(self.directory / location, os.O_RDONLY)
+            except OSError:
+                self.fds[location] = -1
+        fd = self.fds[location]
+        return None if fd < 0 else fd
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            if fd >= 0:
+                os.close(fd)
+
+    def coverage(self) -> None:
+        sources = self.manifest["sources"]
+        unused = self.manifest["unused"]
+        names = self.names
+        for name in sorted(names - set(sources) - set(unused)):
+            self.report.mismatches.append(
+                f"{name}: in the checkpoint but neither bound nor listed as unused"
+            )
+        for name in sorted((set(sources) | set(unused)) - names):
+            self.report.mismatches.append(f"{name}: in the manifest but not in the checkpoint")
+        for name in sorted(set(sources) & set(unused)):
+            self.report.mismatches.append(f"{name}: both bound and listed as unused")
+        seen: dict[str, str] = {}
+        for target, entry in self.manifest["initializers"].items():
+            for name in entry["sources"]:
+                if name in seen:
+                    self.report.mismatches.append(
+                        f"{name}: bound twice ({seen[name]} and {target})"
+                    )
+                seen[name] = target
+                if sources.get(name, {}).get("initializer") != target:
+                    self.report.mismatches.append(
+                        f"{name}: manifest entries disagree on its initializer"
+                    )
+
+    def segment(self, target: str, name: str, progress) -> None:
+        """Compare one source tensor with its slice of the written initializer."""
+        entry = self.manifest["sources"][name]
+        ref = self.refs.get(target)
+        if ref is None:
+            self.report.mismatches.append(f"{target}: not an external tensor of the model")
+            return
+        if name not in self.names:
+            return  # reported by coverage()
+        info = self.source.info(name)
+        if str(info.dtype) != entry["dtype"] or list(info.shape) != entry["shape"]:
+            self.report.mismatches.append(
+                f"{name}: checkpoint has {info.dtype} {list(info.shape)}, the package was made "
+                f"from {entry['dtype']} {entry['shape']}"
+            )
+            return
+        target_dtype = ir.DataType(ref.data_type).numpy()
+        written = entry["written"]
+        fd = self.fd(ref.location)
+        if fd is None:
+            return  # the missing or unreadable file is reported by check_references
+        position = ref.offset + written["offset"]
+        src_hash, out_hash = hashlib.sha256(), hashlib.sha256()
+        consumed = 0
+        problem = None
+        for raw in iter_source_bytes(self.source, name, DEFAULT_CHUNK_BYTES):
+            src_hash.update(raw)
+            if info.dtype == target_dtype:
+                expected = bytes(raw)
+            else:  # recompute the cast independently of the writer
+                expected = np.frombuffer(raw, dtype=info.dtype).astype(target_dtype).tobytes()
+            actual = _pread_exact(fd, len(expected), position + consumed)
+            out_hash.update(actual)
+            if problem is None and actual != expected:
+                at = _first_difference(expected, actual)
+                problem = (
+                    f"{target} (from {name}, {entry['transform']}): written bytes differ from "
+                    f"the source at byte {written['offset'] + consumed + at} of the initializer "
+                    f"({ref.location} offset {position + consumed + at})"
+                )
+            consumed += len(expected)
+            self.report.bytes_compared += len(expected)
+            progress.update(len(expected))
+        self.report.checked += 1
+        if problem:
+            self.report.mismatches.append(problem)
+        if consumed != written["length"]:
+            self.report.mismatches.append(
+                f"{name}: becomes {consumed} bytes, the manifest recorded {written['length']}"
+            )
+        if src_hash.hexdigest() != entry["sha256"]:
+            self.report.mismatches.append(
+                f"{name}: source bytes changed since export (sha256 differs from the manifest)"
+            )
+        if problem is None and out_hash.hexdigest() != written["sha256"]:
+            self.report.mismatches.append(f"{target} (from {name}): written sha256 differs")
+
+    def constant(self, target: str, entry: dict[str, Any]) -> None:
+        ref = self.refs.get(target)
+        if ref is None or ref.length is None:
+            return  # reported by check_references
+        fd = self.fd(ref.location)
+        if fd is None:
+            return
+        data = _pread_exact(fd, ref.length, ref.offset)
+        if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+            self.report.mismatches.append(f"{target} (constant): written sha256 differs")
+        self.report.bytes_compared += len(data)
+
+
+def verify_package(
+    package_dir: Path | str,
+    source: Path | str | TensorSource,
+    *,
+    manifest: dict[str, Any] | None = None,
+    quiet: bool = True,
+) -> VerifyReport:
+    """Re-read the package and its source checkpoint and compare every binding.
+
+    `source` is a checkpoint directory / .safetensors file, or any TensorSource. `manifest`
+    may be given for a package whose manifest.json is not written yet (the staging check).
+    """
+    from tqdm import tqdm
+
+    package_dir = Path(package_dir)
+    if manifest is None:
+        manifest = read_manifest(package_dir)
+    if isinstance(source, (str, Path)):
+        label = str(source)
+        source = SafetensorsCheckpoint(source)
+    else:
+        label = type(source).__name__
+    report = VerifyReport(package=package_dir, source=label)
+    report.mismatches.extend(check_references(package_dir, manifest))
+    verifier = _Verifier(package_dir, manifest, source, report)
+    total = sum(e["length"] for e in manifest["initializers"].values())
+    try:
+        verifier.coverage()
+        with tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="verify",
+            disable=quiet,
+            mininterval=0.5,
+        ) as progress:
+            for target, entry in manifest["initializers"].items():
+                if entry["transform"] == "constant":
+                    verifier.constant(target, entry)
+                    continue
+                for name in entry["sources"]:
+                    if name in manifest["sources"]:
+                        verifier.segment(target, name, progress)
+    finally:
+        verifier.close()
+    return report
