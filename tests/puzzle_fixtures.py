@@ -12,38 +12,26 @@ import torch
 from safetensors.numpy import save_file
 
 from mobius_lite.evaluation.puzzle_reference import build_puzzle_reference
-from nemotron_reference import randomize
+from nemotron_reference import TINY_BASE, randomize
 
 # Global fields as a released Puzzle config.json has them: the per-block members
 # (moe_intermediate_size, num_experts_per_tok) are absent at the top level.
-TINY_PUZZLE_GLOBALS: dict[str, Any] = dict(
-    model_type="nemotron_h_puzzle",
-    architectures=["NemotronHPuzzleForCausalLM"],
-    vocab_size=97,
-    hidden_size=32,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    intermediate_size=48,
-    ssm_state_size=8,
-    mamba_num_heads=4,
-    mamba_head_dim=8,
-    n_groups=2,
-    conv_kernel=4,
-    chunk_size=4,
-    n_routed_experts=8,
-    n_shared_experts=1,
-    moe_shared_expert_intermediate_size=24,
-    moe_latent_size=None,
-    n_group=1,
-    topk_group=1,
-    norm_topk_prob=True,
-    routed_scaling_factor=1.0,
-    layer_norm_epsilon=1e-5,
-    mamba_ssm_cache_dtype="float32",
-    time_step_limit=[0.0, {"__float__": "Infinity"}],
-    num_nextn_predict_layers=0,
-)
+TINY_PUZZLE_GLOBALS: dict[str, Any] = {
+    **{
+        k: v
+        for k, v in TINY_BASE.items()
+        if k not in ("moe_intermediate_size", "num_experts_per_tok")
+    },
+    "model_type": "nemotron_h_puzzle",
+    "architectures": ["NemotronHPuzzleForCausalLM"],
+    "n_shared_experts": 1,
+    "moe_latent_size": None,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "mamba_ssm_cache_dtype": "float32",
+    "time_step_limit": [0.0, {"__float__": "Infinity"}],
+    "num_nextn_predict_layers": 0,
+}
 
 # Expert count, top-k, widths, latent on/off, shared on/off, grouping and head counts differ
 # between layers; the last layer is a stateless MoE after the last stateful one.

@@ -202,3 +202,20 @@ def test_cli_subprocess_error_has_no_traceback(reference, tmp_path):
     assert "Traceback" not in result.stderr
     assert "--ep cuda" in result.stderr and "--dtype f32" in result.stderr
     assert not (tmp_path / "pkg").exists()
+
+
+def test_build_warns_when_onnxruntime_genai_cannot_run_the_package(tmp_path, capsys):
+    """A Puzzle package whose Mamba layers differ in state shape is exported (it runs in
+    onnxruntime) with a warning naming what onnxruntime-genai 0.18 cannot hold."""
+    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+
+    checkpoint, _ = write_puzzle_checkpoint(
+        puzzle_raw_config(HETEROGENEOUS_BLOCKS), tmp_path / "checkpoint"
+    )
+    args = ["build", "--model", str(checkpoint), "--output", str(tmp_path / "pkg"), "-q"]
+    code, _, err = run(args, capsys)
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "conv_state" in warnings[0] and "recurrent_state" in warnings[1]
+    assert (tmp_path / "pkg" / "model.onnx").is_file()

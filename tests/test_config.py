@@ -16,25 +16,9 @@ from mobius_lite.enums import LayerKind, StateRole
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.cache import cache_tensors
 from mobius_lite.graphs.decoder import build_decoder
+from nemotron_reference import TINY_BASE
 
-SMALL = dict(
-    vocab_size=64,
-    hidden_size=32,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    intermediate_size=48,
-    ssm_state_size=8,
-    mamba_num_heads=4,
-    mamba_head_dim=8,
-    n_groups=2,
-    conv_kernel=4,
-    chunk_size=4,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=16,
-    moe_shared_expert_intermediate_size=24,
-)
+SMALL = TINY_BASE
 
 # A config as NVIDIA released Nemotron-H checkpoints: legacy names, pattern string,
 # infinity encoded as an object.
@@ -90,14 +74,16 @@ def test_released_layout_with_legacy_names() -> None:
 
 def test_reads_what_transformers_writes(tmp_path: Path) -> None:
     hf = HFConfig(
-        **SMALL,
-        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
-        n_group=2,
-        topk_group=1,
-        moe_latent_size=12,
-        routed_scaling_factor=2.0,
-        mamba_ssm_cache_dtype="float16",
-        time_step_limit=(0.0, 0.5),
+        **{
+            **SMALL,
+            "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"],
+            "n_group": 2,
+            "topk_group": 1,
+            "moe_latent_size": 12,
+            "routed_scaling_factor": 2.0,
+            "mamba_ssm_cache_dtype": "float16",
+            "time_step_limit": (0.0, 0.5),
+        }
     )
     hf.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import inspect
+import sys
 import textwrap
 from pathlib import Path
 
 from mobius_lite.build import SUPPORTED_TASKS, build
 from mobius_lite.errors import PackageError
+from mobius_lite.genai_config import genai_limitations
 from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS
 from mobius_lite.weights.writer import DEFAULT_SHARD_SIZE, parse_size
@@ -137,10 +138,11 @@ def run(args: argparse.Namespace) -> int:
         revision = source.get("revision") or "(local directory, no revision)"
         print(f"source: {source.get('model', args.model)}")
         print(f"revision: {revision}")
-    options: dict = {"shard_size": args.shard_size, "overwrite": args.overwrite}
-    if "quiet" in inspect.signature(package.save).parameters:
-        options["quiet"] = args.quiet
-    out = package.save(output, **options)
+    for problem in genai_limitations(package.config, package.precision):
+        print(f"warning: {problem}; the package runs in onnxruntime", file=sys.stderr)
+    out = package.save(
+        output, shard_size=args.shard_size, overwrite=args.overwrite, quiet=args.quiet
+    )
     if not args.quiet:
         print(f"wrote {out} ({args.dtype}, ep {args.ep})")
     return 0

@@ -93,24 +93,20 @@ class Experts(nn.Module):
         few_pairs = op.LessOrEqual(
             op.Size(flat_expert), op.Constant(value=ir.tensor(GATHERED_PAIRS_LIMIT, dtype=INT64))
         )
-        output = ir.Value(
-            name="routed", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])
-        )
-        gathered = op.builder.subgraph(
-            lambda op: self._gathered(op, x, flat_expert, flat_weight),
-            inputs=[],
-            outputs=[output],
-            name="experts_gathered",
-        )
-        output = ir.Value(
-            name="routed", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])
-        )
-        looped = op.builder.subgraph(
-            lambda op: self._looped(op, x, flat_expert, flat_weight),
-            inputs=[],
-            outputs=[output],
-            name="experts_looped",
-        )
+
+        def branch(path, name: str) -> ir.Graph:
+            output = ir.Value(
+                name="routed", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])
+            )
+            return op.builder.subgraph(
+                lambda op: path(op, x, flat_expert, flat_weight),
+                inputs=[],
+                outputs=[output],
+                name=name,
+            )
+
+        gathered = branch(self._gathered, "experts_gathered")
+        looped = branch(self._looped, "experts_looped")
         return op.If(few_pairs, then_branch=gathered, else_branch=looped)
 
     def _gathered(

@@ -16,7 +16,7 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.components import Attention, Embedding, Linear, Mamba2Mixer, MoE, ReLU2MLP, RMSNorm
 from mobius_lite.components.common import FLOAT, Dims, to_float32
 from mobius_lite.configs import LayerSpec, NemotronHConfig
-from mobius_lite.enums import LayerKind, StateRole
+from mobius_lite.enums import LayerKind
 
 
 @dataclass
@@ -51,32 +51,15 @@ class Block(nn.Module):
     ) -> tuple[ir.Value, dict[str, ir.Value]]:
         i = self.layer.index
         normed = self.norm(op, hidden)
-        presents: dict[str, ir.Value] = {}
         kind = self.layer.kind
-        if kind is LayerKind.MAMBA:
-            out, conv, ssm = self.mixer(
-                op,
-                normed,
-                step.dims,
-                step.token_mask,
-                step.past[StateRole.CONV.past_name(i)],
-                step.past[StateRole.RECURRENT.past_name(i)],
-            )
-            presents[StateRole.CONV.present_name(i)] = conv
-            presents[StateRole.RECURRENT.present_name(i)] = ssm
-        elif kind is LayerKind.ATTENTION:
-            out, key, value = self.mixer(
-                op,
-                normed,
-                step.dims,
-                step.key_mask,
-                step.past[StateRole.KEY.past_name(i)],
-                step.past[StateRole.VALUE.past_name(i)],
-            )
-            presents[StateRole.KEY.present_name(i)] = key
-            presents[StateRole.VALUE.present_name(i)] = value
-        else:
-            out = self.mixer(op, normed)
+        if not kind.states:
+            return op.Add(hidden, self.mixer(op, normed)), {}
+        # Stateful mixers take (x, dims, mask, *past states in role order) and return
+        # (out, *present states in the same order).
+        mask = step.token_mask if kind is LayerKind.MAMBA else step.key_mask
+        past = [step.past[role.past_name(i)] for role in kind.states]
+        out, *states = self.mixer(op, normed, step.dims, mask, *past)
+        presents = {role.present_name(i): s for role, s in zip(kind.states, states, strict=True)}
         return op.Add(hidden, out), presents
 
 
