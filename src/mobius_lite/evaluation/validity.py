@@ -113,7 +113,11 @@ def source_fidelity(package_dir: Path, source: Path | None) -> Verdict:
     evidence = report.as_dict()
     mismatches = list(report.mismatches)
     if report.ok:
-        return Verdict(PASS, f"{report.checked} tensors identical to the source", evidence)
+        return Verdict(
+            PASS,
+            f"{report.checked} source tensors verified (copies byte-exact, casts recomputed)",
+            evidence,
+        )
     first = mismatches[0] if mismatches else ""
     return Verdict(
         FAIL, f"{len(mismatches)} of {report.checked} tensors differ (first: {first})", evidence
