@@ -6,12 +6,12 @@ differ between layers (docs/genai.md).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import torch
@@ -44,15 +44,17 @@ def _export(root: Path, pattern: list[str], seed: int = 0):
     return model, root / "checkpoint", package
 
 
-def genai_generate(package: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    model = og.Model(og.Config(str(package)))
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(prompt) + new_tokens)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.array([prompt], dtype=np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    return [int(t) for t in generator.get_sequence(0)[len(prompt) :]]
+def _load_example():
+    """The shipped example, imported so tests drive onnxruntime-genai through its code."""
+    spec = importlib.util.spec_from_file_location(
+        "generate_with_genai", ROOT / "examples" / "generate_with_genai.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+genai_generate = _load_example().generate
 
 
 def transformers_greedy(model, prompt: list[int], new_tokens: int, cached: bool) -> list[int]:
