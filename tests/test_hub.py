@@ -228,3 +228,33 @@ def test_environment_is_read_at_call_time(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert hub.hub_offline() is True
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     assert hub.hub_offline() is False
+
+
+# --------------------------------------------------------------------------- checks
+def test_verify_and_qualify_default_to_the_recorded_source(offline_cache: Path, tmp_path: Path):
+    """A package built from a hub id is checked against the exact commit it came from (from
+    its manifest), not against whatever `main` is now; --revision main checks the other."""
+    from mobius_lite.cli.main import main as cli
+    from mobius_lite.sources.package_source import source_for_package
+
+    out = mobius_lite.build(PINNED_ID).save(tmp_path / "pkg", quiet=True)
+    resolved = source_for_package(out)
+    assert (resolved.model, resolved.revision) == (PINNED_ID, PIN)
+    assert cli(["verify", str(out), "-q"]) == 0
+    assert cli(["verify", str(out), "--source", PINNED_ID, "--revision", "main", "-q"]) == 1
+    code = cli(["qualify", str(out), "--steps", "1", "--output", str(tmp_path / "q")])
+    assert code == 0
+    report = json.loads((tmp_path / "q" / "report.json").read_text())
+    assert {v: report[v]["status"] for v in ("source_fidelity", "numerical_parity")} == {
+        "source_fidelity": "PASS",
+        "numerical_parity": "PASS",
+    }
+
+
+def test_a_package_without_a_recorded_source_needs_source(tmp_path: Path, capsys):
+    from mobius_lite.cli.main import main as cli
+
+    model = make_reference(LAYERS, seed=3)
+    out = mobius_lite.build_from_module(model).save(tmp_path / "pkg", quiet=True)
+    assert cli(["verify", str(out)]) == 2
+    assert "records no source checkpoint" in capsys.readouterr().err

@@ -232,7 +232,7 @@ def test_bad_requests_fail_before_any_run(exported, tmp_path: Path) -> None:
     with pytest.raises(PackageError, match="not a qualify output"):
         rescore(tmp_path)
     assert not any((tmp_path / d).exists() for d in ("a", "b", "c"))
-    assert main(["qualify", str(root / "package")]) == 2
+    assert main(["qualify"]) == 2  # no PACKAGE (without --source the manifest's source is used)
 
 
 def test_puzzle_package_qualifies_against_the_puzzle_reference(tmp_path: Path) -> None:

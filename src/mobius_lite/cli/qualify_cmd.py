@@ -33,7 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("package", nargs="?", help="package directory (model.onnx, config.json)")
-    p.add_argument("--source", help="the checkpoint directory the package was built from")
+    p.add_argument(
+        "--source",
+        help="the checkpoint the package was built from: a directory or a hub id (at --revision "
+        "or its pinned commit); default: the model and commit in the package's manifest.json",
+    )
+    p.add_argument(
+        "--revision", help="hub commit, branch or tag of --source (default: the pin / manifest)"
+    )
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in PACKAGE or --source)")
@@ -49,18 +56,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.evaluation.qualify import format_table, parse_prompt_ids, qualify, rescore
+    from mobius_lite.sources.package_source import source_for_package
 
     if args.rescore:
         if args.package or args.source:
             raise ConfigError("--rescore DIR works offline: give no PACKAGE or --source with it")
         report = rescore(args.rescore)
     else:
-        if not args.package or not args.source:
-            raise ConfigError("give PACKAGE and --source CHECKPOINT (or --rescore DIR)")
+        if not args.package:
+            raise ConfigError("give PACKAGE (and optionally --source CHECKPOINT), or --rescore DIR")
         ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
         report = qualify(
             args.package,
-            args.source,
+            source_for_package(args.package, args.source, args.revision).path,
             prompt_ids=ids,
             prompt=args.prompt,
             steps=args.steps,

@@ -16,9 +16,9 @@ from typing import Any
 import onnx
 
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
+from mobius_lite.weights.publish import MANIFEST_FILE
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
-MANIFEST_FILE = "manifest.json"
 
 
 def check_graph(model_path: Path) -> dict[str, Any]:

@@ -1,0 +1,30 @@
+"""Which checkpoint a package is checked against (verify, qualify)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mobius_lite.errors import ConfigError
+from mobius_lite.sources.hub import ResolvedCheckpoint, resolve_checkpoint
+from mobius_lite.weights.publish import MANIFEST_FILE
+
+
+def source_for_package(
+    package_dir: str | Path, source: str | Path | None = None, revision: str | None = None
+) -> ResolvedCheckpoint:
+    """`source` when given (a directory, or a hub id at --revision or its registry pin);
+    otherwise the model and commit recorded in the package's manifest.json at export time."""
+    if source is None:
+        manifest = Path(package_dir) / MANIFEST_FILE
+        try:
+            record = json.loads(manifest.read_text()).get("source") or {}
+        except (OSError, json.JSONDecodeError):
+            record = {}
+        if not record.get("model"):
+            raise ConfigError(
+                f"{manifest} records no source checkpoint (packages built with "
+                "build_from_module have none); pass --source CHECKPOINT"
+            )
+        source, revision = record["model"], revision or record.get("revision")
+    return resolve_checkpoint(source, revision, weights=True)
