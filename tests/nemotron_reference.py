@@ -3,8 +3,6 @@ layout maps from its caches to the package's cache ABI."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ from transformers import NemotronHForCausalLM
 
 # the cache layout map lives in the package (qualify uses it); re-exported for the tests
 from mobius_lite.evaluation.cache_layout import reference_cache_arrays  # noqa: F401
+from mobius_lite.evaluation.reference import pinned_torch  # noqa: F401
 
 TINY_BASE: dict[str, Any] = dict(
     vocab_size=97,
@@ -36,23 +35,6 @@ TINY_BASE: dict[str, Any] = dict(
     topk_group=1,
     layer_norm_epsilon=1e-5,
 )
-
-
-@contextmanager
-def pinned_torch() -> Iterator[None]:
-    """Pin ambient backend flags the oracle depends on, restoring them afterwards."""
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
