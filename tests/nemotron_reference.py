@@ -3,7 +3,6 @@ layout maps from its caches to the package's cache ABI."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,8 +61,3 @@ def make_reference(overrides: dict[str, Any], seed: int = 0) -> NemotronHForCaus
     model = NemotronHForCausalLM(config).eval()
     randomize(model, seed)
     return model
-
-
-def save_reference(model: NemotronHForCausalLM, directory: Path) -> Path:
-    model.save_pretrained(directory)
-    return directory
