@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,26 +178,15 @@ def cast_array(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.asarray(array).astype(dtype)
 
 
-def iter_binding_chunks(
-    binding: Binding, source: TensorSource, max_chunk_bytes: int = 64 << 20
-) -> Iterator[bytes]:
-    """The initializer's bytes in order, a bounded slice at a time (never the whole tensor)."""
-    for name in binding.sources:
-        array = source.read(name)
-        if array.ndim == 0 or array.size == 0:
-            yield cast_array(np.asarray(array), binding.target_dtype).tobytes()
-            continue
-        row_bytes = max(1, array[0].size * binding.target_dtype.itemsize)
-        rows_per_chunk = max(1, max_chunk_bytes // row_bytes)
-        for start in range(0, array.shape[0], rows_per_chunk):
-            block = np.ascontiguousarray(array[start : start + rows_per_chunk])
-            yield cast_array(block, binding.target_dtype).tobytes()
-
-
 def materialize(binding: Binding, source: TensorSource) -> np.ndarray:
-    """The whole initializer as an array (small tensors, tests and the reference path)."""
-    data = b"".join(iter_binding_chunks(binding, source))
-    return np.frombuffer(data, dtype=binding.target_dtype).reshape(binding.shape)
+    """The whole initializer as an array (small tensors, tests, onnx_ir's own save path).
+
+    Exports never call this: the writer streams bounded chunks (weights/writer.py).
+    """
+    parts = [cast_array(np.asarray(source.read(n)), binding.target_dtype) for n in binding.sources]
+    stacked = binding.transform in (Transform.STACK, Transform.STACK_CAST)
+    array = np.stack(parts) if stacked else parts[0]
+    return np.ascontiguousarray(array).reshape(binding.shape)
 
 
 class BoundTensor(ir.LazyTensor):
@@ -213,9 +201,6 @@ class BoundTensor(ir.LazyTensor):
         )
         self.binding = binding
         self.source = source
-
-    def iter_chunks(self, max_chunk_bytes: int = 64 << 20) -> Iterator[bytes]:
-        return iter_binding_chunks(self.binding, self.source, max_chunk_bytes)
 
 
 def graph_parameters(model: ir.Model) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
