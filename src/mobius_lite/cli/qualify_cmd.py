@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.errors import ConfigError
 
 EPILOG = textwrap.dedent(
@@ -33,14 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("package", nargs="?", help="package directory (model.onnx, config.json)")
-    p.add_argument(
-        "--source",
-        help="the checkpoint the package was built from: a directory or a hub id (at --revision "
-        "or its pinned commit); default: the model and commit in the package's manifest.json",
-    )
-    p.add_argument(
-        "--revision", help="hub commit, branch or tag of --source (default: the pin / manifest)"
-    )
+    add_source_arguments(p)
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in PACKAGE or --source)")
@@ -56,7 +50,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.evaluation.qualify import format_table, parse_prompt_ids, qualify, rescore
-    from mobius_lite.sources.package_source import source_for_package
 
     if args.rescore:
         if args.package or args.source:
@@ -68,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
         report = qualify(
             args.package,
-            source_for_package(args.package, args.source, args.revision).path,
+            resolve_source(args),
             prompt_ids=ids,
             prompt=args.prompt,
             steps=args.steps,

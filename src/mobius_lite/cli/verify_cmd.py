@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mobius_lite.sources.package_source import source_for_package
+from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.weights.verify import verify_package
 
 EPILOG = textwrap.dedent(
@@ -42,17 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("package", metavar="PACKAGE", help="package directory (with manifest.json)")
-    p.add_argument(
-        "--source",
-        metavar="CHECKPOINT",
-        help="the checkpoint the package was built from: a directory of *.safetensors (with "
-        "or without model.safetensors.index.json), one .safetensors file, or a hub id "
-        "(at --revision or its pinned commit); default: the model and commit recorded in the "
-        "package's manifest.json",
-    )
-    p.add_argument(
-        "--revision", help="hub commit, branch or tag of --source (default: the pin / manifest)"
-    )
+    add_source_arguments(p)
     p.add_argument(
         "--json", action="store_true", help="print the report as JSON on stdout instead of text"
     )
@@ -63,8 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = source_for_package(args.package, args.source, args.revision).path
-    report = verify_package(Path(args.package), source, quiet=args.quiet or args.json)
+    report = verify_package(Path(args.package), resolve_source(args), quiet=args.quiet or args.json)
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2)
         print()
