@@ -17,7 +17,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.runtime import DecoderSession
-from nemotron_reference import make_reference, pinned_torch
+from nemotron_reference import TINY_BASE, make_reference, pinned_torch
 
 PATTERN = ("mamba", "moe", "attention", "moe", "mlp")
 
@@ -31,23 +31,15 @@ def op_histogram(model: ir.Model) -> Counter:
 
 def tiny_moe(experts: int) -> NemotronHConfig:
     return NemotronHConfig(
-        vocab_size=64,
-        hidden_size=32,
-        layers_block_type=PATTERN,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        mamba_num_heads=4,
-        mamba_head_dim=8,
-        n_groups=2,
-        ssm_state_size=8,
-        intermediate_size=48,
-        n_routed_experts=experts,
-        num_experts_per_tok=4,
-        moe_intermediate_size=8,
-        moe_shared_expert_intermediate_size=16,
-        n_group=4,
-        topk_group=2,
+        **{
+            **TINY_BASE,
+            "layers_block_type": PATTERN,
+            "n_routed_experts": experts,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 8,
+            "n_group": 4,
+            "topk_group": 2,
+        }
     )
 
 
