@@ -42,11 +42,6 @@ def cast_to(op: OpBuilder, value: ir.Value, dtype: ir.DataType) -> ir.Value:
     return op.Cast(value, to=dtype)
 
 
-def flatten_rows(op: OpBuilder, value: ir.Value, width: int) -> ir.Value:
-    """[..., width] -> [rows, width]."""
-    return op.Reshape(value, op.Constant(value_ints=[-1, width]))
-
-
 def relu_squared(op: OpBuilder, value: ir.Value) -> ir.Value:
     """Nemotron-H's relu2 activation: relu(x) ** 2."""
     r = op.Relu(value)
