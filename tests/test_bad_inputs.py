@@ -4,6 +4,7 @@ and leaves nothing behind (the output directory absent, or untouched when it alr
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,8 +270,47 @@ def test_output_is_a_file(good_checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
     out.write_bytes(SENTINEL)
     code, err = run_cli(["build", "--model", str(good_checkpoint), "--output", str(out)], capsys)
-    assert code == 2 and "is a file; choose a directory path" in err
+    assert code == 2 and "is a file, not a directory; choose a directory path" in err
     assert out.read_bytes() == SENTINEL
+
+
+def read_only_directory(tmp_path: Path) -> Path:
+    """A directory this process cannot create files in. Permission bits do not stop root, so
+    as root the kernel's /sys (read-only to everyone) stands in."""
+    if os.geteuid() != 0:
+        directory = tmp_path / "read-only"
+        directory.mkdir()
+        directory.chmod(0o555)
+        return directory
+    probe = Path("/sys") / f"mobius-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+    except OSError:
+        return Path("/sys")
+    probe.rmdir()
+    pytest.skip("running as root on a machine whose /sys is writable: no read-only directory")
+
+
+@pytest.mark.usefixtures("no_data_reads")
+@pytest.mark.parametrize("where", ["under-a-file", "read-only"])
+def test_unwritable_output_is_one_clear_error(where, good_checkpoint, tmp_path, capsys):
+    """Regression: these printed a traceback and exited 1. Now: one line, exit 2, checked before
+    any tensor is read (no_data_reads), and nothing is created."""
+    if where == "under-a-file":
+        blocker = tmp_path / "a-file"
+        blocker.write_bytes(SENTINEL)
+        out, expected = blocker / "pkg", "is a file, not a directory"
+    else:
+        out, expected = read_only_directory(tmp_path) / "pkg", "cannot write in"
+    code, err = run_cli(["build", "--model", str(good_checkpoint), "--output", str(out)], capsys)
+    assert code == 2, err
+    assert err.startswith("mobius build: error: ") and err.count("\n") == 1, err
+    assert expected in err and "Traceback" not in err
+    assert not out.exists()
+    with pytest.raises(PackageError, match=expected):
+        mobius_lite.build(good_checkpoint).save(out, quiet=True)
+    if where == "under-a-file":
+        assert blocker.read_bytes() == SENTINEL
 
 
 def test_hub_id_missing_offline(good_checkpoint, tmp_path, capsys, monkeypatch):

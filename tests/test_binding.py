@@ -12,11 +12,11 @@ from onnx import numpy_helper
 from safetensors.numpy import load_file, save_file
 
 import mobius_lite
-from mobius_lite.build import package_from_source
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.enums import Precision
 from mobius_lite.errors import CheckpointError
 from mobius_lite.sources import SafetensorsCheckpoint
-from mobius_lite.weights.binding import Transform
+from mobius_lite.tasks import text_generation_graphs
 from nemotron_reference import make_reference
 
 PATTERN = ["linear_attention", "moe", "full_attention", "mlp"]
@@ -54,13 +54,13 @@ def test_every_initializer_holds_the_source_bytes(checkpoint: Path, tmp_path: Pa
     for binding in package.plan.bindings:
         expected = (
             np.stack([source[s] for s in binding.sources])
-            if binding.transform in (Transform.STACK, Transform.STACK_CAST)
+            if binding.stacked
             else source[binding.sources[0]]
         )
         np.testing.assert_array_equal(written[binding.target], expected.astype(np.float32))
         bound.update(binding.sources)
     assert bound == set(source), "every source tensor is bound exactly once"
-    stacked = [b for b in package.plan.bindings if b.transform is Transform.STACK]
+    stacked = [b for b in package.plan.bindings if b.transform == "stack"]
     assert {b.target for b in stacked} == {
         "backbone.layers.1.mixer.experts.up_proj",
         "backbone.layers.1.mixer.experts.down_proj",
@@ -132,5 +132,7 @@ def test_mismatches_are_listed_before_any_read(
 ) -> None:
     broken = rewrite(checkpoint, tmp_path / case, edit)
     with pytest.raises(CheckpointError) as info:
-        package_from_source(NemotronHConfig.from_file(broken), NoReadSource(broken))
+        text_generation_graphs(
+            NemotronHConfig.from_file(broken), NoReadSource(broken), "safetensors", Precision.F32
+        )
     assert message in str(info.value)

@@ -157,6 +157,51 @@ def test_cli_subprocess_offline_build(offline_cache: Path, tmp_path: Path):
     assert genai["model"]["decoder"]["session_options"]["provider_options"] == []
 
 
+def _clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a new user: no HF_* variables at all, HOME a fresh directory (so the
+    default cache ~/.cache/huggingface is empty)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    return {**env, "HOME": str(home), **extra}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["build", "--model", PINNED_ID, "--output", "{out}"],
+        ["verify", "{out}", "--source", PINNED_ID],
+    ],
+    ids=["build", "verify"],
+)
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "online-env-unset"])
+def test_hub_ids_with_no_hf_variables(tmp_path: Path, command: list[str], offline: bool):
+    """Regression: with neither HF_HOME nor HF_HUB_CACHE set, resolving a hub id crashed with
+    `AttributeError: No huggingface_hub attribute constants` (huggingface-hub 2.x). Now the
+    default cache is used: offline, an id not in it is one clear error (exit 2).
+
+    The "online" variant still sets HF_HUB_OFFLINE=1 (tests never touch the network) but
+    through TRANSFORMERS_OFFLINE, so that no HF_* variable is set at all."""
+    home = tmp_path / "home"
+    home.mkdir()
+    out = tmp_path / "pkg"
+    if command[0] == "verify":  # a real package, checked against a hub id that is not cached
+        mobius_lite.build(save_checkpoint(tmp_path / "ck", seed=1)).save(out, quiet=True)
+    env = _clean_env(
+        home, **({"HF_HUB_OFFLINE": "1"} if offline else {"TRANSFORMERS_OFFLINE": "1"})
+    )
+    args = [a.replace("{out}", str(out)) for a in command]
+    result = subprocess.run(
+        [sys.executable, "-m", "mobius_lite.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "AttributeError" not in result.stderr
+    assert "not in the local Hugging Face cache" in result.stderr
+    assert str(home / ".cache" / "huggingface" / "hub") in result.stderr
+
+
 # --------------------------------------------------------------------------- recorded calls
 class RecordingHub:
     """A fake snapshot_download: records each call and serves files from one snapshot dir."""

@@ -24,7 +24,7 @@ from safetensors.numpy import load_file, save_file
 import mobius_lite
 from mobius_lite.cli.main import main
 from mobius_lite.errors import PackageError, VerificationError
-from mobius_lite.weights import writer as writer_module
+from mobius_lite.formats.dense import Cast
 from mobius_lite.weights.manifest import read_manifest
 from mobius_lite.weights.verify import verify_package
 
@@ -71,7 +71,7 @@ def test_manifest_accounts_for_every_source_tensor(
     manifest = json.loads((out / "manifest.json").read_text())
     source = load_file(checkpoint / "model.safetensors")
 
-    assert manifest["format_version"] == 1
+    assert manifest["format_version"] == 2
     assert manifest["tool"]["version"] == mobius_lite.__version__
     assert manifest["dtype"] == dtype
     assert manifest["source"] == package.metadata["source"]  # caller metadata at top level
@@ -82,7 +82,7 @@ def test_manifest_accounts_for_every_source_tensor(
 
     model = onnx.load(str(out / "model.onnx"))
     written = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    assert set(manifest["initializers"]) <= set(written)
+    assert set(manifest["graphs"]["decoder"]["initializers"]) <= set(written)
     seen_transforms = set()
     for name, entry in manifest["sources"].items():
         array = source[name]
@@ -117,7 +117,9 @@ def test_verify_catches_a_flipped_shard_byte(
     assert report.checked == len(manifest["sources"])
 
     name, entry = next(
-        (n, e) for n, e in manifest["initializers"].items() if e["transform"].startswith("stack")
+        (n, e)
+        for n, e in manifest["graphs"]["decoder"]["initializers"].items()
+        if e["transform"].startswith("stack")
     )
     per_expert = entry["length"] // len(entry["sources"])
     position = entry["length"] // 2 + 3
@@ -188,15 +190,15 @@ def test_save_verify_refuses_to_publish_corrupt_output(
 ) -> None:
     out = export(checkpoint, tmp_path / "good", "f16", verify=True)
     assert verify_package(out, checkpoint).ok
-    original = writer_module.convert_chunk
+    original = Cast.convert
 
-    def corrupting(raw, source_dtype, target_dtype):
-        data = bytearray(original(raw, source_dtype, target_dtype))
+    def corrupting(self, raw):
+        data = bytearray(original(self, raw))
         if len(data) > 100:
             data[100] ^= 0x80
         return bytes(data)
 
-    monkeypatch.setattr(writer_module, "convert_chunk", corrupting)
+    monkeypatch.setattr(Cast, "convert", corrupting)
     with pytest.raises(VerificationError, match="differ from the source"):
         export(checkpoint, tmp_path / "bad", "f16", verify=True)
     assert not (tmp_path / "bad").exists()

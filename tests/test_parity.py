@@ -79,6 +79,14 @@ CASES: dict[str, dict[str, Any]] = {
         patch=tie_lm_head,
         edit_checkpoint=drop_tensor("lm_head.weight"),
     ),
+    # transformers 5.x saves tied NemotronH checkpoints with their own lm_head.weight, which
+    # differs from the embedding table and is what it computes logits with.
+    "tied_flag_own_lm_head": dict(
+        overrides=dict(
+            layers_block_type=["linear_attention", "full_attention", "mlp"],
+            tie_word_embeddings=True,
+        ),
+    ),
     "mamba_one_group": dict(
         overrides=dict(layers_block_type=["linear_attention", "linear_attention"], n_groups=1)
     ),
@@ -180,3 +188,32 @@ def test_time_step_limit_is_the_runtime_clamp(tmp_path: Path) -> None:
     assert clamped.prefill_logits is not None and unclamped.prefill_logits is not None
     control = compare("control", clamped.prefill_logits[0], unclamped.prefill_logits[1])
     assert not control.passes(FP32_NRMSE, FP32_COSINE)
+
+
+def test_tied_flag_with_own_lm_head_binds_it(tmp_path: Path) -> None:
+    """Regression: with tie_word_embeddings=True and a separate lm_head.weight in the source,
+    the export marked lm_head.weight "unused: tied" and computed logits from the embeddings
+    (NRMSE ~1.4). The checkpoint decides: lm_head.weight is bound, through build() and
+    build_from_module() alike, and nothing the reference computes with is "unused"."""
+    import json
+
+    import mobius_lite
+    from nemotron_reference import make_reference
+
+    overrides = CASES["tied_flag_own_lm_head"]["overrides"]
+    model = make_reference(overrides, 0)
+    lm_head = model.lm_head.weight.detach()
+    embeddings = model.model.embeddings.weight.detach()
+    assert model.config.tie_word_embeddings and not torch.equal(lm_head, embeddings)
+    model.save_pretrained(tmp_path / "checkpoint")
+    saved = load_file(tmp_path / "checkpoint" / "model.safetensors")
+    assert torch.equal(saved["lm_head.weight"], lm_head)  # the source really holds its own
+
+    out = mobius_lite.build(tmp_path / "checkpoint").save(tmp_path / "pkg", quiet=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["sources"]["lm_head.weight"]["initializer"] == "lm_head.weight"
+    assert "lm_head.weight" not in manifest["unused"]
+
+    package = mobius_lite.build_from_module(model)
+    assert "lm_head.weight" in package.plan.by_target()
+    assert "lm_head.weight" not in package.plan.unused

@@ -23,7 +23,7 @@ from mobius_lite.evaluation.puzzle_reference import puzzle_reference_model
 from mobius_lite.graphs.cache import cache_tensors
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.sources import SafetensorsCheckpoint
-from mobius_lite.weights.binding import Transform, graph_parameters
+from mobius_lite.weights.binding import graph_parameters
 from parity import ParityRun, drive_parity
 from puzzle_fixtures import (
     HETEROGENEOUS_BLOCKS,
@@ -166,7 +166,7 @@ def test_parity_latent_global_batch_left_padding(tmp_path: Path) -> None:
 def test_checkpoint_layout_is_bound_by_name(hetero: dict[str, Any]) -> None:
     """model.* names and one tensor per expert are bound by an explicit stack, in expert order."""
     plan = hetero["package"].plan
-    stacked = [b for b in plan.bindings if b.transform is Transform.STACK]
+    stacked = [b for b in plan.bindings if b.transform == "stack"]
     moe_layers = [i for i, b in enumerate(HETEROGENEOUS_BLOCKS) if b["block_type"] == "moe"]
     assert len(stacked) == 2 * len(moe_layers)
     for binding in stacked:

@@ -340,3 +340,55 @@ def test_prompt_text_goes_through_the_checkpoint_tokenizer(tmp_path: Path) -> No
     assert code == 0
     assert report["run"]["prompt_ids"] == [5, 17, 33, 8]
     assert "tokenizer" in report["run"]["prompt_origin"]
+
+
+def test_default_output_is_a_new_temporary_directory(
+    exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Regression: qualify wrote qualify-<package>-<time>/ into the current directory (two such
+    folders were committed). Now the default is a new temporary directory, printed at the end;
+    nothing lands in the current directory, and no onnxruntime profile file is left behind."""
+    import tempfile
+
+    _, root = exported
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    args = ["qualify", str(root / "package"), "--source", str(root / "checkpoint")]
+    code = main([*args, "--prompt-ids", "5,17,33", "--steps", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out
+    assert list(cwd.iterdir()) == []
+    (line,) = [line for line in captured.out.splitlines() if line.startswith("report: ")]
+    report = Path(line.removeprefix("report: "))
+    directory = report.parent
+    assert directory.parent == Path(tempfile.gettempdir())
+    assert directory.name.startswith("mobius-qualify-package-")
+    assert sorted(p.name for p in directory.iterdir()) == ["arrays.npz", "report.json"]
+    # progress on stderr by default, none with --quiet
+    assert "qualify: running the reference" in captured.err
+    code = main([*args, "--prompt-ids", "5,17,33", "--steps", "1", "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0 and "qualify:" not in captured.err
+    shutil.rmtree(directory)
+
+
+def test_ep_cuda_without_the_provider_is_one_clear_error(exported, tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    _, root = exported
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: the refusal cannot be observed")
+    args = ["qualify", str(root / "package"), "--source", str(root / "checkpoint")]
+    with pytest.raises(mobius_lite.errors.RouteError, match="install onnxruntime-gpu"):
+        qualify(root / "package", root / "checkpoint", ep="cuda", output=tmp_path / "q")
+    assert main([*args, "--ep", "cuda", "--output", str(tmp_path / "q")]) == 2
+    assert not (tmp_path / "q").exists()
+
+
+def test_help_shows_every_default(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["qualify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 5)" in text and "(default: cpu;" in text
+    assert "default: a new temporary directory" in text and "--quiet" in text

@@ -5,8 +5,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind, Precision, StateRole
 from mobius_lite.errors import MobiusError
 from mobius_lite.package import ModelPackage
-
-__version__ = "0.1.0"
+from mobius_lite.version import __version__
 
 __all__ = [
     "LayerKind",

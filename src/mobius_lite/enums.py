@@ -46,6 +46,21 @@ class StateRole(str, enum.Enum):
         return f"present.{layer}.{self.value}"
 
 
+class GraphRole(str, enum.Enum):
+    """One graph of a package; the value is its key in manifest.json and genai_config.json."""
+
+    DECODER = "decoder"
+    EMBEDDING = "embedding"
+    VISION_ENCODER = "vision_encoder"
+    AUDIO_ENCODER = "audio_encoder"
+
+    @property
+    def file_name(self) -> str:
+        """The graph's file in the package: the one place these names are written."""
+        # The decoder keeps onnxruntime-genai's default name.
+        return "model.onnx" if self is GraphRole.DECODER else f"{self.value}.onnx"
+
+
 class Precision(str, enum.Enum):
     """Element type of the exported weights and activations."""
 
@@ -64,6 +79,16 @@ class Precision(str, enum.Enum):
     @property
     def numpy_dtype(self) -> np.dtype:
         return self.ir_dtype.numpy()
+
+    @property
+    def numpy_name(self) -> str:
+        """numpy / torch spelling (float32, float16, bfloat16), as configs write dtypes."""
+        return self.numpy_dtype.name
+
+    @classmethod
+    def from_numpy_name(cls, name: str) -> Precision:
+        """float32 / float16 / bfloat16 -> Precision (KeyError for anything else)."""
+        return {p.numpy_name: p for p in cls}[name]
 
     @classmethod
     def parse(cls, value: str | Precision) -> Precision:

@@ -1,4 +1,11 @@
-"""ModelPackage: the exported graphs plus everything needed to save them as a runnable package."""
+"""ModelPackage: the exported graphs plus everything needed to save them as a runnable package.
+
+A package holds one or more graphs (decoder; later embedding, vision and audio encoders), each
+a `GraphRecord` with its role, model and binding plan. Saving streams every graph's weights
+into one set of shards (a tensor shared by two graphs is written once), writes the graph
+files, genai_config.json (assembled from the graphs' sections), config.json and the
+tokenizer files, checks the result and publishes it atomically with the manifest last.
+"""
 
 from __future__ import annotations
 
@@ -8,56 +15,74 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import onnx_ir as ir
 from tqdm import tqdm
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Precision
+from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
 from mobius_lite.genai_config import genai_config
+from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE
+from mobius_lite.sizes import parse_size
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.weights.binding import BindingPlan
-from mobius_lite.weights.manifest import SaveSummary, build_manifest, write_manifest
+from mobius_lite.weights.manifest import GraphPlan, build_manifest, write_manifest
 from mobius_lite.weights.publish import check_destination, publish, staging_directory
+from mobius_lite.weights.summary import SaveSummary
 from mobius_lite.weights.verify import check_references, verify_package
-from mobius_lite.weights.writer import (
-    DEFAULT_SHARD_SIZE,
-    external_initializers,
-    parse_size,
-    write_model,
-)
+from mobius_lite.weights.writer import DEFAULT_SHARD_SIZE, external_initializers, write_graphs
 
-DECODER_FILE = "model.onnx"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "generation_config.json",
-    "chat_template.jinja",
-)
+
+@dataclass
+class GraphRecord:
+    """One graph of a package: its role (which names its file), model and binding plan."""
+
+    role: GraphRole
+    model: ir.Model
+    plan: BindingPlan
+
+    @property
+    def file_name(self) -> str:
+        return self.role.file_name
 
 
 @dataclass
 class ModelPackage:
-    """A decoder graph with lazily bound weights; `save` streams it into a package directory."""
+    """Graphs with lazily bound weights; `save` streams them into a package directory."""
 
     config: NemotronHConfig
     precision: Precision
-    decoder: ir.Model
+    graphs: list[GraphRecord]
     source: TensorSource
-    plan: BindingPlan
     source_dir: Path | None = None
     provider: str = "cpu"
     extra_files: list[Path] = field(default_factory=list)
+    # Source tensors bound in several graphs, with the roles of those graphs.
+    shared: dict[str, list[str]] = field(default_factory=dict)
     # Facts recorded in the package manifest (e.g. {"source": {"model": id, "revision": sha}}).
     metadata: dict = field(default_factory=dict)
     # The summary of the last save() (files, sizes, tensors, time); not a constructor argument.
     last_save: SaveSummary | None = field(default=None, init=False, repr=False, compare=False)
 
-    def genai_config(self) -> dict:
-        return genai_config(self.config, DECODER_FILE, provider=self.provider)
+    def graph(self, role: GraphRole) -> GraphRecord:
+        for record in self.graphs:
+            if record.role is role:
+                return record
+        raise KeyError(f"the package has no {role.value} graph")
+
+    @property
+    def decoder(self) -> ir.Model:
+        return self.graph(GraphRole.DECODER).model
+
+    @property
+    def plan(self) -> BindingPlan:
+        """The decoder's binding plan."""
+        return self.graph(GraphRole.DECODER).plan
+
+    def genai_config(self) -> dict[str, Any]:
+        return genai_config(self.config, GraphRole.DECODER.file_name, provider=self.provider)
 
     def save(
         self,
@@ -67,15 +92,17 @@ class ModelPackage:
         overwrite: bool = False,
         quiet: bool = False,
         verify: bool = False,
+        allow_nonfinite: bool = False,
     ) -> Path:
         """Stream the package into `directory` and publish it atomically; returns `directory`.
 
-        Built in a hidden sibling directory, checked (every external reference resolves; with
-        `verify` also every byte against the source), then renamed into place with
-        manifest.json as the last file. A non-empty `directory` is refused unless `overwrite`,
-        and is replaced only once the new package is complete. A progress bar over bytes
-        written and a one-screen summary go to stderr unless `quiet`; the summary is also kept
-        in `self.last_save`.
+        Built in a hidden sibling directory, checked (every external reference resolves; no
+        weight holds NaN or infinite values unless `allow_nonfinite`; with `verify` also
+        every byte against the source), then renamed into place with manifest.json as the
+        last file. A non-empty `directory` is refused unless `overwrite`, and is replaced
+        only once the new package is complete. A progress bar over bytes written and a
+        one-screen summary go to stderr unless `quiet`; the summary is also kept in
+        `self.last_save`.
         """
         directory = Path(directory)
         try:
@@ -84,7 +111,10 @@ class ModelPackage:
             raise PackageError(f"shard size: {exc}") from None
         check_destination(directory, overwrite)
         start = time.perf_counter()
-        total = sum(v.const_value.nbytes for v in external_initializers(self.decoder))
+        models = [(g.file_name, g.model) for g in self.graphs]
+        total = sum(
+            v.const_value.nbytes for _, model in models for v in external_initializers(model)
+        )
         with staging_directory(directory) as stage:
             with tqdm(
                 total=total,
@@ -96,24 +126,33 @@ class ModelPackage:
                 mininterval=0.5,
                 leave=False,
             ) as bar:
-                result = write_model(
-                    self.decoder, stage, DECODER_FILE, shard_size=shard_size, on_bytes=bar.update
+                result = write_graphs(models, stage, shard_size=shard_size, on_bytes=bar.update)
+            nonfinite = result.nonfinite
+            if nonfinite and not allow_nonfinite:
+                shown = ", ".join(f"{n} ({c} values)" for n, c in list(nonfinite.items())[:10])
+                raise PackageError(
+                    f"the checkpoint holds NaN or infinite weights: {shown}"
+                    + (f" and {len(nonfinite) - 10} more tensors" if len(nonfinite) > 10 else "")
+                    + "; a model with non-finite weights computes non-finite logits. Use an "
+                    "intact checkpoint (re-download it), or pass --allow-nonfinite "
+                    "(allow_nonfinite=True) to export it anyway; nothing was written"
                 )
             aux = {
-                "genai_config.json": json.dumps(self.genai_config(), indent=2).encode(),
-                "config.json": json.dumps(self.config.to_dict(), indent=2).encode(),
+                GENAI_CONFIG_FILE: json.dumps(self.genai_config(), indent=2).encode(),
+                CONFIG_FILE: json.dumps(self.config.to_dict(), indent=2).encode(),
             }
             aux.update({extra.name: extra.read_bytes() for extra in self.extra_files})
             for name, data in aux.items():
                 _write_new_file(stage / name, data)
             manifest = build_manifest(
                 result,
-                self.plan,
+                [GraphPlan(g.role.value, g.file_name, g.plan) for g in self.graphs],
                 self.source,
                 self.precision.value,
                 stage,
                 list(aux),
                 self.metadata,
+                self.shared,
             )
             problems = check_references(stage, manifest)
             if problems:

@@ -25,7 +25,7 @@ PROVIDER_PRECISIONS: dict[str, tuple[Precision, ...]] = {
 }
 
 # Source element types that bind to dense parameters by a plain (lossless or rounding) cast.
-DENSE_SOURCE_DTYPES = ("float32", "float16", "bfloat16")
+DENSE_SOURCE_DTYPES = tuple(p.numpy_name for p in Precision)
 
 
 def parse_provider(ep: str) -> str:

@@ -1,17 +1,22 @@
 """Run an exported decoder with onnxruntime: empty caches from the cache ABI, prefill, decode.
 
-Used by the qualification harness, benchmarks and tests; requires the `runtime` extra.
+The one decoder stepper: the qualification harness, benchmarks, examples and tests all drive
+packages through DecoderSession. Requires the `runtime` extra.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.cache import BATCH, PAST, CacheTensor, cache_tensors
+
+CPU = "CPUExecutionProvider"
+PROVIDERS = {"cpu": [CPU], "cuda": ["CUDAExecutionProvider", CPU]}
 
 
 def empty_cache(cache: list[CacheTensor], batch: int) -> dict[str, np.ndarray]:
@@ -23,23 +28,45 @@ def empty_cache(cache: list[CacheTensor], batch: int) -> dict[str, np.ndarray]:
     return out
 
 
+def session_providers(ep: str) -> list[str]:
+    """onnxruntime provider names for --ep cpu / cuda; RouteError when this onnxruntime lacks
+    the provider (it would otherwise fall back to the CPU silently)."""
+    import onnxruntime as ort
+
+    from mobius_lite.errors import RouteError
+    from mobius_lite.routes import parse_provider
+
+    providers = PROVIDERS[parse_provider(ep)]
+    available = set(ort.get_available_providers())
+    if not set(providers) <= available:
+        raise RouteError(
+            f"this onnxruntime has no {providers[0]} (it has {', '.join(sorted(available))}); "
+            "install onnxruntime-gpu for --ep cuda, or use --ep cpu"
+        )
+    return providers
+
+
 class DecoderSession:
-    """An onnxruntime session over a package's decoder that carries its own cache."""
+    """An onnxruntime session over a package's decoder that carries its own cache.
+
+    `model` is the decoder file or serialized model bytes (an instrumented twin);
+    `session_options` may enable profiling or point external data at the package.
+    """
 
     def __init__(
         self,
-        model_path: str | Path,
+        model: str | Path | bytes,
         config: NemotronHConfig,
         dtype: ir.DataType = ir.DataType.FLOAT,
         providers: list[str] | None = None,
-        session_options: object | None = None,
+        session_options: Any = None,
     ) -> None:
         import onnxruntime as ort
 
         self.session = ort.InferenceSession(
-            str(model_path),
+            model if isinstance(model, bytes) else str(model),
             sess_options=session_options,
-            providers=providers or ["CPUExecutionProvider"],
+            providers=providers or [CPU],
         )
         self.cache = cache_tensors(config.layers, dtype)
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -47,6 +74,7 @@ class DecoderSession:
         self.mask: np.ndarray | None = None
 
     def reset(self, batch: int) -> None:
+        """Start a fresh sequence (empty caches)."""
         self.past = empty_cache(self.cache, batch)
         self.mask = np.zeros((batch, 0), dtype=np.int64)
 

@@ -8,13 +8,16 @@ import textwrap
 from pathlib import Path
 
 from mobius_lite.build import SUPPORTED_TASKS, build
-from mobius_lite.errors import PackageError
+from mobius_lite.configs.loader import SUPPORTED_MODEL_TYPES
+from mobius_lite.enums import Precision
 from mobius_lite.genai_config import genai_limitations
 from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS
-from mobius_lite.weights.writer import DEFAULT_SHARD_SIZE, parse_size
+from mobius_lite.sizes import parse_size
+from mobius_lite.weights.publish import check_destination
+from mobius_lite.weights.writer import DEFAULT_SHARD_SIZE
 
-DTYPES = ("f32", "f16", "bf16")
+DTYPES = tuple(p.value for p in Precision)
 
 EPILOG = textwrap.dedent(
     """\
@@ -38,7 +41,11 @@ EPILOG = textwrap.dedent(
 
     hub ids pinned by default (--revision overrides):
     """
-) + "\n".join(f"  {m.model_id:<52} {m.revision[:12]}  {m.family}" for m in KNOWN_MODELS)
+) + "\n".join(
+    f"  {m.model_id:<52} {m.revision[:12]}  {m.family}"
+    for m in KNOWN_MODELS
+    if m.family in SUPPORTED_MODEL_TYPES  # pinned ones of other families do not build yet
+)
 
 
 def shard_size(text: str) -> int:
@@ -112,24 +119,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is complete)",
     )
     p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="export even if weights hold NaN or infinite values (default: refuse, naming the "
+        "tensors; the counts are recorded in manifest.json either way)",
+    )
+    p.add_argument(
         "--quiet", "-q", action="store_true", help="print nothing but errors (no progress bar)"
     )
     p.set_defaults(run=run)
 
 
-def check_output(output: Path, overwrite: bool) -> None:
-    """Refuse a destination we would not write to, before any download or read."""
-    if output.exists() and not output.is_dir():
-        raise PackageError(f"--output {output} is a file; choose a directory path")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise PackageError(
-            f"{output} exists and is not empty; choose another --output or pass --overwrite"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
-    check_output(output, args.overwrite)
+    check_destination(output, args.overwrite)  # before any download or read
     package = build(
         args.model, dtype=args.dtype, revision=args.revision, ep=args.ep, task=args.task
     )
@@ -141,7 +144,11 @@ def run(args: argparse.Namespace) -> int:
     for problem in genai_limitations(package.config, package.precision):
         print(f"warning: {problem}; the package runs in onnxruntime", file=sys.stderr)
     out = package.save(
-        output, shard_size=args.shard_size, overwrite=args.overwrite, quiet=args.quiet
+        output,
+        shard_size=args.shard_size,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+        allow_nonfinite=args.allow_nonfinite,
     )
     if not args.quiet:
         print(f"wrote {out} ({args.dtype}, ep {args.ep})")

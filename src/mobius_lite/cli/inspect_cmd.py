@@ -19,6 +19,9 @@ import onnx
 import onnx_ir as ir
 
 from mobius_lite.errors import PackageError
+from mobius_lite.layout import GRAPH_FILES, MANIFEST_FILE
+from mobius_lite.sizes import human_bytes
+from mobius_lite.weights.external_data import external_ref
 
 EPILOG = textwrap.dedent(
     """\
@@ -107,22 +110,22 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
 
 
 def _weights(graphs: list[onnx.GraphProto], base: Path) -> tuple[dict, dict]:
+    """Initializer bytes by element type (main graph and subgraphs), and per external-data
+    file the tensors that reference it."""
     by_dtype: dict[str, dict[str, int]] = {}
     files: dict[str, dict[str, Any]] = {}
-    for graph in graphs:
-        for t in graph.initializer:
-            dtype = _dtype_name(t.data_type)
-            size = _tensor_bytes(t)
-            entry = by_dtype.setdefault(dtype, {"tensors": 0, "bytes": 0})
-            entry["tensors"] += 1
-            entry["bytes"] += size
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                info = {e.key: e.value for e in t.external_data}
-                location = info.get("location", "")
-                rec = files.setdefault(location, {"tensors": 0, "bytes_referenced": 0, "end": 0})
-                rec["tensors"] += 1
-                rec["bytes_referenced"] += size
-                rec["end"] = max(rec["end"], int(info.get("offset", 0)) + size)
+    for t in (t for graph in graphs for t in graph.initializer):
+        dtype = _dtype_name(t.data_type)
+        size = _tensor_bytes(t)
+        entry = by_dtype.setdefault(dtype, {"tensors": 0, "bytes": 0})
+        entry["tensors"] += 1
+        entry["bytes"] += size
+        ref = external_ref(t)
+        if ref is not None:
+            rec = files.setdefault(ref.location, {"tensors": 0, "bytes_referenced": 0, "end": 0})
+            rec["tensors"] += 1
+            rec["bytes_referenced"] += size
+            rec["end"] = max(rec["end"], ref.offset + size)
     for location, rec in files.items():
         path = base / location
         end = rec.pop("end")
@@ -173,7 +176,7 @@ def inspect_package(target: str | Path) -> dict[str, Any]:
     if target.is_file():
         root, models = target.parent, [target]
     elif target.is_dir():
-        root, models = target, sorted(target.glob("*.onnx"))
+        root, models = target, _package_models(target)
         if not models:
             raise PackageError(
                 f"{target} holds no .onnx model; pass a package directory written by "
@@ -187,6 +190,18 @@ def inspect_package(target: str | Path) -> dict[str, Any]:
         if path.is_file():
             report[name] = _summary(name, path)
     return report
+
+
+def _package_models(directory: Path) -> list[Path]:
+    """The package's graph files: as its manifest lists them, else the known graph names, else
+    every .onnx file (a directory that is not a mobius package)."""
+    try:
+        graphs = json.loads((directory / MANIFEST_FILE).read_text()).get("graphs") or {}
+        listed = [directory / g["file"] for g in graphs.values()]
+    except (OSError, json.JSONDecodeError, TypeError, KeyError):
+        listed = []
+    known = [directory / name for name in GRAPH_FILES if (directory / name).is_file()]
+    return listed or known or sorted(directory.glob("*.onnx"))
 
 
 def _summary(name: str, path: Path) -> dict[str, Any]:
@@ -203,15 +218,6 @@ def _summary(name: str, path: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- text output
-def _human(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def _shape(shape: list | None) -> str:
@@ -228,7 +234,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"genai_config: type {g['type']}, providers {', '.join(g['providers'])}")
     for m in report["models"]:
         opsets = ", ".join(f"{d} {v}" for d, v in m["opsets"].items())
-        lines += ["", f"{m['file']} ({_human(m['size_on_disk'])}; ir {m['ir_version']}; {opsets})"]
+        lines += [
+            "",
+            f"{m['file']} ({human_bytes(m['size_on_disk'])}; ir {m['ir_version']}; {opsets})",
+        ]
         lines.append(f"  graph {m['graph']!r}, {len(m['subgraphs'])} subgraph(s)")
         for s in m["subgraphs"]:
             lines.append(f"    {s['path']}: {s['nodes']} nodes")
@@ -240,15 +249,16 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"    {op}: {n}" for op, n in nodes["main"].items()]
         lines.append(f"  nodes inside subgraphs: {nodes['subgraphs_total']}")
         lines += [f"    {op}: {n}" for op, n in nodes["subgraphs"].items()]
-        lines.append(f"  weights: {_human(m['weights_total_bytes'])}")
+        lines.append(f"  weights: {human_bytes(m['weights_total_bytes'])}")
         for dtype, w in m["weights"].items():
-            lines.append(f"    {dtype}: {w['tensors']} tensors, {_human(w['bytes'])}")
+            lines.append(f"    {dtype}: {w['tensors']} tensors, {human_bytes(w['bytes'])}")
         lines.append(f"  external data files ({len(m['external_data'])}):")
         for name, f in m["external_data"].items():
             state = "ok" if f["complete"] else ("MISSING" if not f["exists"] else "TRUNCATED")
             lines.append(
-                f"    {name}: {f['tensors']} tensors, {_human(f['bytes_referenced'])} referenced, "
-                f"{_human(f['size_on_disk'])} on disk [{state}]"
+                f"    {name}: {f['tensors']} tensors, "
+                f"{human_bytes(f['bytes_referenced'])} referenced, "
+                f"{human_bytes(f['size_on_disk'])} on disk [{state}]"
             )
     return "\n".join(lines)
 

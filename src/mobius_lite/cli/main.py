@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from mobius_lite import __version__
 from mobius_lite.cli import build_cmd, inspect_cmd, qualify_cmd, verify_cmd
 from mobius_lite.errors import MobiusError
+from mobius_lite.version import __version__
 
 SUBCOMMANDS = (build_cmd, inspect_cmd, verify_cmd, qualify_cmd)
 

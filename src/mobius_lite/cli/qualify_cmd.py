@@ -7,6 +7,8 @@ import textwrap
 
 from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.errors import ConfigError
+from mobius_lite.evaluation.qualify import DEFAULT_STEPS
+from mobius_lite.routes import EXECUTION_PROVIDERS
 
 EPILOG = textwrap.dedent(
     """\
@@ -36,10 +38,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("package", nargs="?", help="package directory (model.onnx, config.json)")
     add_source_arguments(p)
     prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated (e.g. 1,2,3)")
+    prompt.add_argument(
+        "--prompt-ids",
+        help="prompt token ids, comma-separated (e.g. 1,2,3); default: 16 ids drawn with numpy "
+        "seed 0",
+    )
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer in PACKAGE or --source)")
-    p.add_argument("--steps", type=int, default=5, help="cached decode steps after prefill")
-    p.add_argument("--output", help="directory for report.json and arrays.npz (new)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help="cached greedy decode steps after prefill (default: %(default)s)",
+    )
+    p.add_argument(
+        "--output",
+        metavar="DIR",
+        help="new or empty directory for report.json and arrays.npz (default: a new temporary "
+        "directory, printed at the end)",
+    )
+    p.add_argument(
+        "--ep",
+        default="cpu",
+        choices=EXECUTION_PROVIDERS,
+        help="onnxruntime execution provider for the package (default: %(default)s; cuda needs "
+        "onnxruntime-gpu); the reference always runs in torch FP32 on the CPU",
+    )
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress messages, only the verdict table"
+    )
     p.add_argument(
         "--rescore",
         metavar="DIR",
@@ -66,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
             prompt=args.prompt,
             steps=args.steps,
             output=args.output,
+            ep=args.ep,
+            quiet=args.quiet,
         )
     print(format_table(report))
     return report.exit_code

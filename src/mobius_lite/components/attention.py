@@ -6,20 +6,21 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import Dims
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.configs.layers import AttentionSpec
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: AttentionSpec, hidden_size: int, dtype: ir.DataType) -> None:
+    def __init__(self, spec: AttentionSpec, hidden_size: int, ctx: BuildContext) -> None:
         super().__init__()
         self.spec = spec
         q_width = spec.num_heads * spec.head_dim
         kv_width = spec.num_kv_heads * spec.head_dim
-        self.q_proj = Linear(hidden_size, q_width, False, dtype)
-        self.k_proj = Linear(hidden_size, kv_width, False, dtype)
-        self.v_proj = Linear(hidden_size, kv_width, False, dtype)
-        self.o_proj = Linear(q_width, hidden_size, False, dtype)
+        self.q_proj = Linear(hidden_size, q_width, False, ctx)
+        self.k_proj = Linear(hidden_size, kv_width, False, ctx)
+        self.v_proj = Linear(hidden_size, kv_width, False, ctx)
+        self.o_proj = Linear(q_width, hidden_size, False, ctx)
 
     def _heads(self, op: OpBuilder, dims: Dims, x: ir.Value, heads: int) -> ir.Value:
         """[rows, heads * head_dim] -> [batch, heads, seq, head_dim]."""

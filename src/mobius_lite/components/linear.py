@@ -1,33 +1,38 @@
-"""Linear and Embedding layers whose weights keep the checkpoint layout ([out, in])."""
+"""Linear and Embedding layers whose weights keep the checkpoint layout ([out, in]); the
+weight's format (dense by default) emits the math."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
+from mobius_lite.components.context import BuildContext, WeightedModule
 
-class Linear(nn.Module):
-    """y = x W^T (+ b) on 2-D activations; Gemm(transB=1) reads W in its stored [out, in] layout."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: ir.DataType) -> None:
-        super().__init__()
+class Linear(WeightedModule):
+    """y = x W^T (+ b) on 2-D activations."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ctx: BuildContext) -> None:
+        super().__init__(ctx)
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter([out_features, in_features], dtype=dtype)
-        self.bias = nn.Parameter([out_features], dtype=dtype) if bias else None
+        self.weight_slot("weight", (out_features, in_features))
+        self.bias = nn.Parameter([out_features], dtype=ctx.dtype) if bias else None
 
     def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
-        if self.bias is not None:
-            return op.Gemm(x, self.weight, self.bias, transB=1)
-        return op.Gemm(x, self.weight, transB=1)
+        return self.matmul(op, "weight", x, self.bias)
 
 
-class Embedding(nn.Module):
-    """Token embedding table [vocab, hidden]; also the tied lm_head weight."""
+class Embedding(WeightedModule):
+    """Token embedding table [vocab, hidden]; also the logits weight of a tied model."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: ir.DataType) -> None:
-        super().__init__()
-        self.weight = nn.Parameter([num_embeddings, embedding_dim], dtype=dtype)
+    def __init__(self, num_embeddings: int, embedding_dim: int, ctx: BuildContext) -> None:
+        super().__init__(ctx)
+        self.weight_slot("weight", (num_embeddings, embedding_dim))
 
     def forward(self, op: OpBuilder, ids: ir.Value) -> ir.Value:
-        return op.Gather(self.weight, ids, axis=0)
+        return self.select(op, "weight", ids)
+
+    def logits(self, op: OpBuilder, hidden: ir.Value) -> ir.Value:
+        """hidden [rows, embedding_dim] @ table^T: the tied lm_head."""
+        return self.matmul(op, "weight", hidden)

@@ -14,15 +14,10 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
 from mobius_lite.configs.layers import MambaSpec
-
-SSM_CACHE_IR_DTYPES = {
-    "float32": ir.DataType.FLOAT,
-    "float16": ir.DataType.FLOAT16,
-    "bfloat16": ir.DataType.BFLOAT16,
-}
 
 
 class Conv1d(nn.Module):
@@ -44,22 +39,22 @@ class Conv1d(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    def __init__(self, spec: MambaSpec, hidden_size: int, dtype: ir.DataType) -> None:
+    def __init__(self, spec: MambaSpec, hidden_size: int, ctx: BuildContext) -> None:
         super().__init__()
         self.spec = spec
-        self.dtype = dtype
+        self.dtype = dtype = ctx.dtype
         s = spec
-        self.in_proj = Linear(hidden_size, s.in_proj_size, s.use_bias, dtype)
+        self.in_proj = Linear(hidden_size, s.in_proj_size, s.use_bias, ctx)
         self.conv1d = Conv1d(s.conv_dim, s.conv_kernel, s.use_conv_bias, dtype)
         self.dt_bias = nn.Parameter([s.num_heads], dtype=dtype)
         self.A_log = nn.Parameter([s.num_heads], dtype=dtype)
         self.D = nn.Parameter([s.num_heads], dtype=dtype)
         self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, dtype)
-        self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, dtype)
+        self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
 
     @property
     def ssm_cache_dtype(self) -> ir.DataType:
-        return SSM_CACHE_IR_DTYPES[self.spec.ssm_cache_dtype]
+        return self.spec.ssm_cache_ir_dtype
 
     def _per_head(self, op: OpBuilder, grouped: ir.Value) -> ir.Value:
         """[rows, groups * state] -> [rows, groups, heads / groups, state]: head h reads group

@@ -1,9 +1,9 @@
 """NemotronHMoE: FP32 sigmoid router with group-limited top-k, ReLU^2 experts, optional latent
 projections and shared expert.
 
-Experts are stored stacked (up_proj [E, I, D], down_proj [E, D, I]) and run in one Loop over
-the experts actually selected in this call: the node count does not depend on E, and only the
-chosen experts' weights are read and multiplied.
+Experts are stored stacked (up_proj [E, I, D], down_proj [E, D, I]). Only the experts selected
+in this call are read and multiplied, on one of two paths picked at run time (see Experts);
+the node count does not depend on E.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float32
+from mobius_lite.components.context import BuildContext, WeightedModule
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
 from mobius_lite.configs.layers import MoESpec
@@ -70,16 +71,16 @@ class TopkRouter(nn.Module):
         return indices, weights
 
 
-class Experts(nn.Module):
-    """Stacked ReLU^2 experts, run for the selected experts only (one Loop, any E)."""
+class Experts(WeightedModule):
+    """Stacked ReLU^2 experts, run for the selected experts only (any E, same nodes)."""
 
-    def __init__(self, spec: MoESpec, input_size: int, dtype: ir.DataType) -> None:
-        super().__init__()
+    def __init__(self, spec: MoESpec, input_size: int, ctx: BuildContext) -> None:
+        super().__init__(ctx)
         self.spec = spec
         self.input_size = input_size
         e, inner = spec.n_routed_experts, spec.moe_intermediate_size
-        self.up_proj = nn.Parameter([e, inner, input_size], dtype=dtype)
-        self.down_proj = nn.Parameter([e, input_size, inner], dtype=dtype)
+        self.weight_slot("up_proj", (e, inner, input_size))
+        self.weight_slot("down_proj", (e, input_size, inner))
 
     def forward(self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
         """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D].
@@ -118,8 +119,8 @@ class Experts(nn.Module):
             op.Expand(op.Unsqueeze(x, [1]), op.Constant(value_ints=[1, k, 1])),
             op.Constant(value_ints=[-1, self.input_size, 1]),
         )
-        hidden = op.MatMul(op.Gather(self.up_proj, flat_expert, axis=0), rows)  # [P, I, 1]
-        out = op.MatMul(op.Gather(self.down_proj, flat_expert, axis=0), relu_squared(op, hidden))
+        hidden = op.MatMul(self.select(op, "up_proj", flat_expert), rows)  # [P, I, 1]
+        out = op.MatMul(self.select(op, "down_proj", flat_expert), relu_squared(op, hidden))
         weighted = op.Mul(
             op.Reshape(to_float32(op, out), op.Constant(value_ints=[-1, k, self.input_size])),
             op.Reshape(flat_weight, op.Constant(value_ints=[-1, k, 1])),
@@ -147,7 +148,6 @@ class Experts(nn.Module):
         selected, *_ = op.Unique(flat_expert, sorted=1, _outputs=4)
         trip_count = op.Squeeze(op.Shape(selected), op.Constant(value_ints=[0]))
         zeros = op.Mul(to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
-        up, down = self.up_proj, self.down_proj
 
         def body(op: OpBuilder, step: ir.Value, cond: ir.Value, acc: ir.Value):
             expert = op.Gather(selected, step, axis=0)
@@ -159,9 +159,9 @@ class Experts(nn.Module):
                 op.Gather(flat_weight, positions, axis=0), op.Constant(value_ints=[1])
             )
             hidden = op.Gemm(
-                op.Gather(x, token_rows, axis=0), op.Gather(up, expert, axis=0), transB=1
+                op.Gather(x, token_rows, axis=0), self.select(op, "up_proj", expert), transB=1
             )
-            out = op.Gemm(relu_squared(op, hidden), op.Gather(down, expert, axis=0), transB=1)
+            out = op.Gemm(relu_squared(op, hidden), self.select(op, "down_proj", expert), transB=1)
             contribution = op.Mul(to_float32(op, out), gate_weight)
             acc = op.ScatterND(
                 acc,
@@ -190,22 +190,22 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, spec: MoESpec, hidden_size: int, dtype: ir.DataType) -> None:
+    def __init__(self, spec: MoESpec, hidden_size: int, ctx: BuildContext) -> None:
         super().__init__()
         self.spec = spec
-        self.dtype = dtype
+        self.dtype = ctx.dtype
         self.gate = TopkRouter(spec, hidden_size)
         expert_width = spec.latent_size or hidden_size
-        self.experts = Experts(spec, expert_width, dtype)
+        self.experts = Experts(spec, expert_width, ctx)
         if spec.latent_size is not None:
-            self.fc1_latent_proj = Linear(hidden_size, spec.latent_size, spec.bias, dtype)
-            self.fc2_latent_proj = Linear(spec.latent_size, hidden_size, spec.bias, dtype)
+            self.fc1_latent_proj = Linear(hidden_size, spec.latent_size, spec.bias, ctx)
+            self.fc2_latent_proj = Linear(spec.latent_size, hidden_size, spec.bias, ctx)
         else:
             self.fc1_latent_proj = None
             self.fc2_latent_proj = None
         if spec.has_shared_expert:
             self.shared_experts = ReLU2MLP(
-                hidden_size, spec.shared_intermediate_size, spec.bias, dtype
+                hidden_size, spec.shared_intermediate_size, spec.bias, ctx
             )
         else:
             self.shared_experts = None

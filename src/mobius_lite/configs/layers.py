@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mobius_lite.enums import LayerKind
+import onnx_ir as ir
+
+from mobius_lite.enums import LayerKind, Precision
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,11 @@ class MambaSpec:
     time_step_limit: tuple[float, float]
     norm_epsilon: float
     ssm_cache_dtype: str
+
+    @property
+    def ssm_cache_ir_dtype(self) -> ir.DataType:
+        """Element type of the recurrent state (FP32 unless the config says otherwise)."""
+        return Precision.from_numpy_name(self.ssm_cache_dtype).ir_dtype
 
     @property
     def intermediate_size(self) -> int:

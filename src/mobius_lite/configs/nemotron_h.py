@@ -16,8 +16,9 @@ from mobius_lite.configs.values import (
     require_divides,
     require_positive_int,
 )
-from mobius_lite.enums import LayerKind
+from mobius_lite.enums import LayerKind, Precision
 from mobius_lite.errors import ConfigError
+from mobius_lite.sources.config_json import read_config_json
 
 # Older config field names -> the names transformers 5.x writes.
 LEGACY_FIELD_NAMES = {
@@ -48,7 +49,7 @@ BLOCK_TYPE_NAMES = {
     "e": LayerKind.MOE,
 }
 
-SSM_CACHE_DTYPES = ("float32", "float16", "bfloat16")
+SSM_CACHE_DTYPES = tuple(p.numpy_name for p in Precision)
 
 
 def parse_layer_kind(name: Any, field_name: str) -> LayerKind:
@@ -349,8 +350,6 @@ class NemotronHConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> NemotronHConfig:
         """Read config.json (or the config.json inside a checkpoint directory)."""
-        from mobius_lite.configs.loader import read_config_json
-
         return cls.from_dict(read_config_json(path))
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from mobius_lite.configs.nemotron_h import (
 )
 from mobius_lite.enums import LayerKind
 from mobius_lite.errors import ConfigError
+from mobius_lite.sources.config_json import read_config_json
 
 PUZZLE_MODEL_TYPE = "nemotron_h_puzzle"
 
@@ -197,8 +198,6 @@ class NemotronHPuzzleConfig(NemotronHConfig):
 
     @classmethod
     def from_file(cls, path: str | Path) -> NemotronHPuzzleConfig:
-        from mobius_lite.configs.loader import read_config_json
-
         return cls.from_dict(read_config_json(path))
 
     def to_dict(self) -> dict[str, Any]:

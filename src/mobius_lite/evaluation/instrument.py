@@ -19,8 +19,8 @@ import onnx
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind, Precision
 from mobius_lite.graphs.decoder import build_decoder
+from mobius_lite.models.nemotron_h_names import EMBEDDING_WEIGHT, LM_HEAD_WEIGHT, router_scope
 
-EMBEDDING_WEIGHT = "backbone.embeddings.weight"
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 _ONNX_TO_PRECISION = {
     onnx.TensorProto.FLOAT: Precision.F32,
@@ -56,11 +56,16 @@ def package_precision(model: onnx.ModelProto) -> Precision:
 
 
 def _wanted_taps(
-    config: NemotronHConfig, precision: Precision
+    config: NemotronHConfig, precision: Precision, logits_from_embeddings: bool
 ) -> tuple[dict[str, tuple[str, str, int]], list[tuple[str, str]]]:
     """New output name -> (value, producer node, output index) in a freshly built graph, and
     that graph's nodes as (name, op type) without the hidden-state Identity outputs."""
-    built, _ = build_decoder(config, precision, hidden_state_outputs=True)
+    built, _ = build_decoder(
+        config,
+        precision,
+        hidden_state_outputs=True,
+        logits_from_embeddings=logits_from_embeddings,
+    )
     wanted: dict[str, tuple[str, str, int]] = {}
     exposing = set()
     for out in built.graph.outputs:
@@ -73,7 +78,7 @@ def _wanted_taps(
     for layer in config.layers:
         if layer.kind is not LayerKind.MOE:
             continue
-        prefix = f"backbone/layers.{layer.index}/mixer/gate/"
+        prefix = router_scope(layer.index)
         gate_nodes = [n for n in nodes if n.name.startswith(prefix)]
         topk = [n for n in gate_nodes if n.op_type == "TopK"]
         if not topk or not gate_nodes:
@@ -94,7 +99,9 @@ def instrument(package_model: Path, config: NemotronHConfig) -> Instrumentation:
         for index, output in enumerate(node.output):
             producers[output] = (node, index)
     result = Instrumentation(model_bytes=None)
-    wanted, built_nodes = _wanted_taps(config, precision)
+    # The package computes logits with the embedding table exactly when it has no lm_head.
+    from_embeddings = all(init.name != LM_HEAD_WEIGHT for init in model.graph.initializer)
+    wanted, built_nodes = _wanted_taps(config, precision, from_embeddings)
     package_nodes = [(n.name, n.op_type) for n in model.graph.node]
     if package_nodes != built_nodes:
         result.matches_build = False

@@ -16,10 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.configs.loader import read_config_json
 from mobius_lite.configs.puzzle import NemotronHPuzzleConfig
 from mobius_lite.configs.values import decode_float
 from mobius_lite.errors import CheckpointError, ConfigError
+from mobius_lite.models.nemotron_h_names import (
+    LM_HEAD_WEIGHT,
+    MTP_TENSORS,
+    STACKED_EXPERTS,
+    expert_names,
+)
+from mobius_lite.sources.config_json import read_config_json
 
 # Puzzle / hub fields that the transformers NemotronHConfig must not see.
 _NOT_FOR_TRANSFORMERS = (
@@ -49,8 +55,7 @@ _TRANSFORMERS_KINDS = {
     "moe": "moe",
     "e": "moe",
 }
-_STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)$")
-_MTP = re.compile(r"^mtp\.")
+_MTP = re.compile(MTP_TENSORS)
 
 
 def global_transformers_fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +137,8 @@ def load_puzzle_weights(model: Any, source: Any, raw: dict[str, Any], dtype: Any
     dtype = dtype or torch.float32
     available = set(source.names())
     used: set[str] = set()
-    tied = bool(raw.get("tie_word_embeddings", False))
+    # As transformers does: a checkpoint's own lm_head.weight is used even when tied.
+    tied = bool(raw.get("tie_word_embeddings", False)) and LM_HEAD_WEIGHT not in available
 
     def find(name: str) -> str | None:
         rest = name[len("model.") :] if name.startswith("model.") else None
@@ -148,14 +154,14 @@ def load_puzzle_weights(model: Any, source: Any, raw: dict[str, Any], dtype: Any
         if found is not None:
             state[name] = _as_torch(source.read(found), dtype)
             used.add(found)
-        elif (stacked := _STACKED.match(name)) is not None:
+        elif (stacked := STACKED_EXPERTS.match(name)) is not None:
             experts = tensor.shape[0]
             prefix = find(f"{stacked['prefix']}.0.{stacked['proj']}.weight")
             if prefix is None:
                 missing.append(name)
                 continue
             base = prefix[: -len(f".0.{stacked['proj']}.weight")]
-            names = [f"{base}.{e}.{stacked['proj']}.weight" for e in range(experts)]
+            names = expert_names(base, stacked["proj"], experts)
             absent = [n for n in names if n not in available]
             if absent:
                 missing.extend(absent)

@@ -12,12 +12,11 @@ one copy of the weights is resident at a time.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import platform
 import sys
-import time
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 import onnx
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.configs.loader import load_text_config, read_config_json
+from mobius_lite.configs.loader import load_text_config
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.instrument import (
@@ -38,17 +37,18 @@ from mobius_lite.evaluation.instrument import (
 )
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, Verdict
 from mobius_lite.evaluation.validity import (
-    DEFAULT_PROVIDERS,
     check_graph,
     graph_verdict,
     profiled_session_options,
     providers_from_profile,
     source_fidelity,
 )
-from mobius_lite.graphs.cache import cache_tensors
-from mobius_lite.runtime import empty_cache
+from mobius_lite.hashing import sha256_file
+from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
+from mobius_lite.runtime import DecoderSession, session_providers
+from mobius_lite.sources.config_json import read_config_json
+from mobius_lite.weights.external_data import external_references
 
-MODEL_FILE = "model.onnx"
 REPORT_FILE = "report.json"
 ARRAYS_FILE = "arrays.npz"
 RESCORE_FILE = "rescore.json"
@@ -104,30 +104,21 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def graph_files(package_dir: Path) -> dict[str, Any]:
-    """sha256 of each graph file and JSON config; external data files (named by the graph's
-    own references) with their sizes. Weight bytes are source_fidelity's evidence."""
-    hashes = {p.name: sha256_file(p) for p in sorted(package_dir.glob("*.onnx"))}
-    for name in ("genai_config.json", "config.json"):
+    """sha256 of each graph file and JSON config; external data files (named by the graphs'
+    own references, subgraphs included) with their sizes. Weight bytes are source_fidelity's
+    evidence."""
+    graphs = [package_dir / name for name in GRAPH_FILES if (package_dir / name).is_file()]
+    hashes = {p.name: sha256_file(p) for p in graphs}
+    for name in (GENAI_CONFIG_FILE, CONFIG_FILE):
         if (package_dir / name).is_file():
             hashes[name] = sha256_file(package_dir / name)
     data: dict[str, int] = {}
-    for p in sorted(package_dir.glob("*.onnx")):
-        proto = onnx.load(str(p), load_external_data=False)
-        for init in proto.graph.initializer:
-            for entry in init.external_data:
-                if entry.key == "location" and entry.value not in data:
-                    target = package_dir / entry.value
-                    data[entry.value] = target.stat().st_size if target.exists() else -1
-    return {"sha256": hashes, "external_data_bytes": data}
+    for graph in graphs:
+        for ref in external_references(graph):
+            target = package_dir / ref.location
+            data.setdefault(ref.location, target.stat().st_size if target.exists() else -1)
+    return {"sha256": hashes, "external_data_bytes": dict(sorted(data.items()))}
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -193,36 +184,16 @@ def _check_same_model(package: NemotronHConfig, source: NemotronHConfig, where: 
 
 
 # ----------------------------------------------------------------------------- runs
-class _Stepper:
-    """Feeds an onnxruntime session one call at a time, carrying its cache."""
-
-    def __init__(self, session: Any, config: NemotronHConfig, dtype: Any) -> None:
-        self.session = session
-        self.cache = cache_tensors(config.layers, dtype)
-        self.names = [o.name for o in session.get_outputs()]
-        self.past = empty_cache(self.cache, 1)
-        self.length = 0
-
-    def step(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        self.length += ids.shape[1]
-        feeds = {
-            "input_ids": ids.astype(np.int64),
-            "attention_mask": np.ones((1, self.length), np.int64),
-            **self.past,
-        }
-        out = dict(zip(self.names, self.session.run(None, feeds), strict=True))
-        self.past = {c.past_name: out[c.present_name] for c in self.cache}
-        return out
-
-
 def _step_names(steps: int) -> list[str]:
     return ["prefill"] + [f"decode{i}" for i in range(steps)]
 
 
 def _run_onnx(
-    stepper: _Stepper, prompt: list[int], steps: int, feed: list[int] | None = None
+    stepper: DecoderSession, prompt: list[int], steps: int, feed: list[int] | None = None
 ) -> tuple[list[dict[str, np.ndarray]], list[int]]:
-    """prefill + steps decode calls; feed the given tokens, or the session's own greedy ones."""
+    """prefill + steps decode calls from a fresh cache; feed the given tokens, or the
+    session's own greedy ones."""
+    stepper.reset(1)
     outputs, tokens = [], []
     ids = np.array([prompt], dtype=np.int64)
     for i in range(steps + 1):
@@ -240,15 +211,16 @@ def _package_runs(
     prompt: list[int],
     steps: int,
     workdir: Path,
+    providers: list[str],
+    say: Any,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, str], dict[str, int]]:
     """Run the package graph (profiled first call) and its instrumented twin.
 
     Returns (graph facts, arrays by step/name, names not captured with the reason,
     execution order of every captured name).
     """
-    import onnxruntime as ort
-
-    model_path = package_dir / MODEL_FILE
+    model_path = package_dir / DECODER_FILE
+    say(f"checking {DECODER_FILE}")
     facts: dict[str, Any] = {"checker": check_graph(model_path)}
     names = _step_names(steps)
     arrays: dict[str, np.ndarray] = {}
@@ -256,20 +228,19 @@ def _package_runs(
     proto = onnx.load(str(model_path), load_external_data=False)
     dtype = package_precision(proto).ir_dtype
     del proto
+    say(f"running the package: prefill of {len(prompt)} tokens + {steps} decode steps")
     try:
         options = profiled_session_options(workdir / "profile")
-        session = ort.InferenceSession(
-            str(model_path), sess_options=options, providers=list(DEFAULT_PROVIDERS)
-        )
+        stepper = DecoderSession(model_path, config, dtype, providers, options)
     except Exception as exc:
         facts["session"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         return facts, arrays, {"*": "the package graph did not load"}, {}
+    session = stepper.session
     facts["session"] = {"ok": True, "providers": session.get_providers()}
-    stepper = _Stepper(session, config, dtype)
+    stepper.reset(1)
     first = stepper.step(np.array([prompt], dtype=np.int64))
     facts["session"]["nodes_by_provider"] = providers_from_profile(session.end_profiling())
     # the profiled call is the prefill: restart cleanly so every step runs the same way
-    stepper = _Stepper(session, config, dtype)
     plain, tokens = _run_onnx(stepper, prompt, steps)
     facts["session"]["profiled_call_identical"] = all(
         np.array_equal(first[k], plain[0][k]) for k in first
@@ -286,13 +257,12 @@ def _package_runs(
     differing: list[str] = []
     tapped: list[dict[str, np.ndarray]] = []
     if taps.taps:
+        say("running the instrumented twin (hidden states and routing taps)")
         try:
             options = external_data_session_options(package_dir)
-            session = ort.InferenceSession(
-                taps.model_bytes, sess_options=options, providers=list(DEFAULT_PROVIDERS)
-            )
-            tapped, _ = _run_onnx(_Stepper(session, config, dtype), prompt, steps, feed=tokens)
-            del session
+            twin = DecoderSession(taps.model_bytes, config, dtype, providers, options)
+            tapped, _ = _run_onnx(twin, prompt, steps, feed=tokens)
+            del twin
         except Exception as exc:  # the taps are lost, the package's own arrays are not
             reason = f"the instrumented graph did not run: {type(exc).__name__}: {exc}"[:500]
             not_compared.update(dict.fromkeys(taps.taps, reason))
@@ -348,8 +318,9 @@ def _reference_run(
 
 # ----------------------------------------------------------------------------- entry points
 def default_output(package_dir: Path) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return Path.cwd() / f"qualify-{package_dir.resolve().name}-{stamp}"
+    """A new temporary directory named after the package (never the current directory)."""
+    prefix = f"mobius-qualify-{package_dir.resolve().name}-"
+    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 def qualify(
@@ -360,18 +331,24 @@ def qualify(
     prompt: str | None = None,
     steps: int = DEFAULT_STEPS,
     output: str | Path | None = None,
+    ep: str = "cpu",
+    quiet: bool = True,
 ) -> QualifyReport:
-    """Qualify `package` against the checkpoint `source`; write report.json + arrays.npz."""
+    """Qualify `package` against the checkpoint `source`; write report.json + arrays.npz into
+    `output` (default: a new temporary directory, report.directory says which). `ep` picks
+    the onnxruntime execution provider; unless `quiet`, each long step is announced on
+    stderr."""
     package_dir = Path(package)
     source_dir = Path(source)
-    if not (package_dir / MODEL_FILE).is_file():
-        raise PackageError(f"{package_dir}: no {MODEL_FILE}; pass a package directory")
+    if not (package_dir / DECODER_FILE).is_file():
+        raise PackageError(f"{package_dir}: no {DECODER_FILE}; pass a package directory")
     if not source_dir.is_dir():
         raise ConfigError(f"--source {source_dir}: not a checkpoint directory")
     if steps < 0:
         raise ConfigError(f"--steps must be >= 0, found {steps}")
-    out_dir = Path(output) if output is not None else default_output(package_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
+    out_dir = Path(output) if output is not None else None  # created once inputs are good
+    providers = session_providers(ep)
+    if output is not None and out_dir.exists() and any(out_dir.iterdir()):
         raise PackageError(f"{out_dir} exists and is not empty; choose another --output")
     raw = read_config_json(package_dir)
     config = load_text_config(raw)
@@ -379,15 +356,24 @@ def qualify(
     model_type = str(source_raw.get("model_type", raw.get("model_type")))
     _check_same_model(config, load_text_config(source_raw), source_dir)
     ids, prompt_origin = prompt_tokens(config, package_dir, source_dir, prompt_ids, prompt)
+    if out_dir is None:
+        out_dir = default_output(package_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    facts, ours, not_compared, order = _package_runs(package_dir, config, ids, steps, out_dir)
+    def say(message: str) -> None:
+        if not quiet:
+            print(f"qualify: {message}", file=sys.stderr, flush=True)
+
+    facts, ours, not_compared, order = _package_runs(
+        package_dir, config, ids, steps, out_dir, providers, say
+    )
     verdicts = {"graph_validity": graph_verdict(facts["checker"], facts["session"])}
     verdicts["source_fidelity"] = source_fidelity(package_dir, source_dir)
     names = _step_names(steps)
     reference: dict[str, np.ndarray] = {}
     reference_facts: dict[str, Any] = {}
     if facts["session"].get("ok"):
+        say("running the reference (transformers, torch FP32)")
         reference, reference_facts = _reference_run(source_dir, config, model_type, ids, steps)
 
     run = {
@@ -396,6 +382,7 @@ def qualify(
         "model_type": model_type,
         "prompt_ids": ids,
         "prompt_origin": prompt_origin,
+        "providers": providers,
         "steps": names,
         "execution_order": order,
         "not_compared": not_compared,

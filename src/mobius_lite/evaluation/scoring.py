@@ -275,11 +275,28 @@ def _inputs_differ_from(
 def score_generation(
     actual: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], steps: list[str]
 ) -> Verdict:
-    """Exact greedy tokens: each side fed its own previous token and state."""
+    """Exact greedy tokens: each side fed its own previous token and state; FAIL whenever
+    either side's logits are not all finite."""
     if not steps or any(
         f"{s}/logits" not in actual or f"{s}/logits" not in expected for s in steps
     ):
         return Verdict(NOT_RUN, "logits missing for a step", {})
+    nonfinite = {
+        f"{side}/{s}": int(
+            np.size(arrays[f"{s}/logits"]) - np.isfinite(arrays[f"{s}/logits"]).sum()
+        )
+        for side, arrays in (("package", actual), ("reference", expected))
+        for s in steps
+        if not np.isfinite(arrays[f"{s}/logits"]).all()
+    }
+    if nonfinite:
+        # argmax over NaN logits picks token 0 on both sides: equal tokens mean nothing.
+        where = ", ".join(f"{k} ({n} values)" for k, n in nonfinite.items())
+        return Verdict(
+            FAIL,
+            f"non-finite logits, so greedy tokens are not evidence: {where}",
+            {"nonfinite_logits": nonfinite},
+        )
     ours = greedy_tokens(actual, steps)
     ref = greedy_tokens(expected, steps)
     first = next((i for i, (a, e) in enumerate(zip(ours, ref, strict=True)) if a != e), None)

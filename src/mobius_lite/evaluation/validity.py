@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
-from mobius_lite.weights.publish import MANIFEST_FILE
+from mobius_lite.layout import MANIFEST_FILE
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from mobius_lite.components.mamba2 import SSM_CACHE_IR_DTYPES
 from mobius_lite.configs import LayerSpec
 from mobius_lite.enums import LayerKind, StateRole
 
@@ -61,7 +60,7 @@ def cache_tensors(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[Cac
                 CacheTensor(
                     layer.index,
                     StateRole.RECURRENT,
-                    SSM_CACHE_IR_DTYPES[m.ssm_cache_dtype],
+                    m.ssm_cache_ir_dtype,
                     (BATCH, m.num_heads, m.ssm_state_size, m.head_dim),
                 )
             )

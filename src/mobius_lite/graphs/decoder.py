@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx_ir as ir
 from onnx_ir.passes.common.naming import NameFixPass
 from onnxscript import GraphBuilder
 
+from mobius_lite.components.context import Backend, BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Precision
+from mobius_lite.formats.weight import WeightFormat
 from mobius_lite.graphs.cache import BATCH, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
 
@@ -15,7 +19,8 @@ OPSET = 27
 IR_VERSION = 11
 
 
-def _value(name: str, dtype: ir.DataType, shape: tuple[int | str, ...]) -> ir.Value:
+def graph_value(name: str, dtype: ir.DataType, shape: tuple[int | str, ...]) -> ir.Value:
+    """A graph input / output value with its element type and (symbolic) shape."""
     return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(list(shape)))
 
 
@@ -25,26 +30,33 @@ def build_decoder(
     *,
     inputs_embeds: bool = False,
     hidden_state_outputs: bool = False,
-    tied_lm_head: bool | None = None,
+    logits_from_embeddings: bool = False,
+    weight_formats: Mapping[str, WeightFormat] | None = None,
+    backend: Backend = Backend.STANDARD,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
-    inputs_embeds=True makes the Omni-style decoder that takes embeddings instead of ids.
-    hidden_state_outputs=True adds hidden_states.{i} outputs (per-layer block outputs, rows
-    flattened to [batch * sequence, hidden]) for qualification; other outputs are unchanged.
-    tied_lm_head overrides config.tie_word_embeddings (see build.lm_head_is_tied).
+    inputs_embeds=True makes a decoder that takes embeddings instead of ids (a runtime chains
+    an embedding graph before it). hidden_state_outputs=True adds hidden_states.{i} outputs
+    (per-layer block outputs in the model dtype, rows flattened to [batch * sequence, hidden]) for
+    qualification; other outputs are unchanged. logits_from_embeddings: the logits weight is
+    the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
+    source). weight_formats maps checkpoint weight names to their storage format (dense in
+    `precision` when absent).
     """
     precision = Precision.parse(precision)
     dtype = precision.ir_dtype
-    module = NemotronHForCausalLM(config, dtype, tied_lm_head)
+    ctx = BuildContext(dtype, weight_formats or {}, backend)
+    module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
+    apply_weight_formats(module, ctx)
 
     if inputs_embeds:
-        tokens = _value("inputs_embeds", dtype, (BATCH, "sequence", config.hidden_size))
+        tokens = graph_value("inputs_embeds", dtype, (BATCH, "sequence", config.hidden_size))
     else:
-        tokens = _value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
-    mask = _value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
+        tokens = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
+    mask = graph_value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
     cache = cache_tensors(config.layers, dtype)
-    past = {c.past_name: _value(c.past_name, c.dtype, c.past_shape) for c in cache}
+    past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
 
     graph = ir.Graph(
         inputs=[tokens, mask, *past.values()],

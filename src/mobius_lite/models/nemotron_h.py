@@ -2,7 +2,7 @@
 
 Module attribute names follow the released checkpoint (backbone.* prefix), so every
 initializer's name is the checkpoint tensor it comes from (stacked experts excepted: see
-weights/binding.py).
+models/nemotron_h_names.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.components import Attention, Embedding, Linear, Mamba2Mixer, MoE, ReLU2MLP, RMSNorm
 from mobius_lite.components.common import FLOAT, Dims, to_float32
+from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import LayerSpec, NemotronHConfig
 from mobius_lite.enums import LayerKind
 
@@ -32,19 +33,19 @@ class StepInputs:
 class Block(nn.Module):
     """NemotronHBlock: residual + mixer(norm(x))."""
 
-    def __init__(self, layer: LayerSpec, config: NemotronHConfig, dtype: ir.DataType) -> None:
+    def __init__(self, layer: LayerSpec, config: NemotronHConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.layer = layer
         hidden = config.hidden_size
-        self.norm = RMSNorm(hidden, config.layer_norm_epsilon, dtype)
+        self.norm = RMSNorm(hidden, config.layer_norm_epsilon, ctx.dtype)
         if layer.kind is LayerKind.MAMBA:
-            self.mixer = Mamba2Mixer(layer.mamba, hidden, dtype)
+            self.mixer = Mamba2Mixer(layer.mamba, hidden, ctx)
         elif layer.kind is LayerKind.ATTENTION:
-            self.mixer = Attention(layer.attention, hidden, dtype)
+            self.mixer = Attention(layer.attention, hidden, ctx)
         elif layer.kind is LayerKind.MLP:
-            self.mixer = ReLU2MLP(hidden, layer.mlp.intermediate_size, layer.mlp.bias, dtype)
+            self.mixer = ReLU2MLP(hidden, layer.mlp.intermediate_size, layer.mlp.bias, ctx)
         else:
-            self.mixer = MoE(layer.moe, hidden, dtype)
+            self.mixer = MoE(layer.moe, hidden, ctx)
 
     def forward(
         self, op: OpBuilder, hidden: ir.Value, step: StepInputs
@@ -64,12 +65,12 @@ class Block(nn.Module):
 
 
 class NemotronHModel(nn.Module):
-    def __init__(self, config: NemotronHConfig, dtype: ir.DataType) -> None:
+    def __init__(self, config: NemotronHConfig, ctx: BuildContext) -> None:
         super().__init__()
         self.hidden_size = config.hidden_size
-        self.embeddings = Embedding(config.vocab_size, config.hidden_size, dtype)
-        self.layers = nn.ModuleList([Block(layer, config, dtype) for layer in config.layers])
-        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon, dtype)
+        self.embeddings = Embedding(config.vocab_size, config.hidden_size, ctx)
+        self.layers = nn.ModuleList([Block(layer, config, ctx) for layer in config.layers])
+        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon, ctx.dtype)
 
     def forward(
         self, op: OpBuilder, tokens: ir.Value, step: StepInputs
@@ -90,15 +91,18 @@ class NemotronHModel(nn.Module):
 
 class NemotronHForCausalLM(nn.Module):
     def __init__(
-        self, config: NemotronHConfig, dtype: ir.DataType, tied_lm_head: bool | None = None
+        self, config: NemotronHConfig, ctx: BuildContext, logits_from_embeddings: bool = False
     ) -> None:
-        """tied_lm_head: read logits weights from the embedding table (default: the config's
-        tie_word_embeddings)."""
+        """logits_from_embeddings: compute logits with the embedding table (a tied checkpoint
+        without lm_head.weight; see nemotron_h_names.logits_from_embeddings)."""
         super().__init__()
         self.config = config
-        self.backbone = NemotronHModel(config, dtype)
-        tied = config.tie_word_embeddings if tied_lm_head is None else tied_lm_head
-        self.lm_head = None if tied else Linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.backbone = NemotronHModel(config, ctx)
+        self.lm_head = (
+            None
+            if logits_from_embeddings
+            else Linear(config.hidden_size, config.vocab_size, False, ctx)
+        )
 
     def forward(
         self,
@@ -125,6 +129,6 @@ class NemotronHForCausalLM(nn.Module):
         if self.lm_head is not None:
             logits = self.lm_head(op, hidden)
         else:
-            logits = op.Gemm(hidden, self.backbone.embeddings.weight, transB=1)
+            logits = self.backbone.embeddings.logits(op, hidden)
         logits = op.Reshape(to_float32(op, logits), dims.shape(op, self.config.vocab_size))
         return logits, presents, layer_outputs

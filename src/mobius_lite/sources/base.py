@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import ml_dtypes
 import numpy as np
+
+from mobius_lite.formats.dense import dense
+from mobius_lite.formats.storage import Storage
 
 # safetensors dtype codes -> numpy dtypes (bf16 / fp8 through ml_dtypes).
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -34,6 +37,12 @@ class TensorInfo:
     shape: tuple[int, ...]
     nbytes: int
     location: str  # file path (or "memory") for messages and the manifest
+    # How the bytes are laid out; dense `dtype` unless the source says otherwise (packed blocks).
+    storage: Storage = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.storage is None:
+            object.__setattr__(self, "storage", dense(self.dtype))
 
 
 class TensorSource(Protocol):

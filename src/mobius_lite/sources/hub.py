@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
+from huggingface_hub import constants as hub_constants
 from huggingface_hub import errors as hub_errors
 
 from mobius_lite.errors import CheckpointError, ConfigError
@@ -83,7 +84,7 @@ def hub_offline() -> bool:
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
     if value is not None:
         return value.strip().lower() in _TRUE
-    return bool(huggingface_hub.constants.HF_HUB_OFFLINE)
+    return bool(hub_constants.HF_HUB_OFFLINE)
 
 
 def _cache_revision(path: Path) -> str | None:
@@ -118,7 +119,7 @@ def resolve_local(model: str | Path, revision: str | None = None) -> ResolvedChe
 def _download(
     model_id: str, revision: str | None, patterns: list[str], offline: bool, cache_dir: str | None
 ) -> Path:
-    where = cache_dir or huggingface_hub.constants.HF_HUB_CACHE
+    where = cache_dir or hub_constants.HF_HUB_CACHE
     at = f"{model_id}@{revision or 'main'}"
     try:
         folder = huggingface_hub.snapshot_download(

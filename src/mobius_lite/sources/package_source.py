@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mobius_lite.errors import ConfigError
+from mobius_lite.errors import ConfigError, PackageError
+from mobius_lite.layout import CONFIG_FILE, MANIFEST_FILE
 from mobius_lite.sources.hub import ResolvedCheckpoint, resolve_checkpoint
-from mobius_lite.weights.publish import MANIFEST_FILE
 
 
 def source_for_package(
@@ -15,6 +15,17 @@ def source_for_package(
 ) -> ResolvedCheckpoint:
     """`source` when given (a directory, or a hub id at --revision or its registry pin);
     otherwise the model and commit recorded in the package's manifest.json at export time."""
+    if not (Path(package_dir) / MANIFEST_FILE).is_file():
+        looks_like = (
+            " (it looks like a checkpoint: export it with `mobius build --model` first)"
+            if (Path(package_dir) / CONFIG_FILE).is_file()
+            else ""
+        )
+        raise PackageError(
+            f"{package_dir} is not a mobius package: it has no {MANIFEST_FILE}{looks_like}; "
+            "give the package directory written by `mobius build`, and the checkpoint with "
+            "--source"
+        )
     if source is None:
         manifest = Path(package_dir) / MANIFEST_FILE
         try:

@@ -1,39 +1,44 @@
-"""Binding checkpoint tensors to graph parameters: a name map plus an explicit transform.
+"""Binding checkpoint tensors to graph parameters: a name map plus an explicit conversion.
 
-Parameter names are the released checkpoint names. The one documented rename table:
-- prefix: the graph uses `backbone.`; a source may use `model.` (transformers in memory, Puzzle).
-- stacked experts: the graph's `...experts.up_proj` / `...experts.down_proj` ([E, out, in]) come
-  either from a tensor of that name or from the released per-expert tensors
-  `...experts.{e}.up_proj.weight`, stacked in expert order (transform STACK).
-Nothing is matched by shape. Every source tensor is bound exactly once or listed as
-intentionally unused with a reason; anything else is an error raised before any data is read.
+Generic: the model supplies a `NameMap` (which source names may feed a parameter, see
+models/nemotron_h_names.py) and the rules for tensors it deliberately does not export; the
+storage formats supply the conversion (identity, cast, ...). Nothing is matched by shape.
+Every source tensor is bound exactly once or listed as intentionally unused with a reason;
+anything else is one error raised before any data is read.
 """
 
 from __future__ import annotations
 
-import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.formats.dense import dense
+from mobius_lite.formats.storage import Conversion
 from mobius_lite.sources.base import TensorSource
 
-GRAPH_PREFIX = "backbone."
-SOURCE_PREFIXES = ("backbone.", "model.")
-STACKED_EXPERTS = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)$")
 MAX_LISTED = 20
 
 
-class Transform(str, enum.Enum):
-    """How source bytes become initializer bytes."""
+class NameMap(Protocol):
+    """Where a source may keep the data of one graph parameter."""
 
-    IDENTITY = "identity"  # same dtype and layout: bytes copied unchanged
-    CAST = "cast"  # element type conversion only
-    STACK = "stack"  # per-expert tensors concatenated along a new leading axis
-    STACK_CAST = "stack+cast"
+    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[tuple[str, ...]]:
+        """Candidate source-name tuples, tried in order: one name is the tensor itself; several
+        are slices stacked along a new leading axis, in order."""
+        ...
+
+
+class ExactNames:
+    """The NameMap of a source that uses the graph's own parameter names."""
+
+    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[tuple[str, ...]]:
+        return [(target,)]
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,18 @@ class Binding:
 
     target: str
     sources: tuple[str, ...]
-    transform: Transform
+    conversion: Conversion
+    stacked: bool
     source_dtype: np.dtype
     target_dtype: np.dtype
     shape: tuple[int, ...]
+
+    @property
+    def transform(self) -> str:
+        """The manifest's name for it: identity, cast, stack or stack+cast."""
+        if not self.stacked:
+            return self.conversion.name
+        return "stack" if self.conversion.verbatim else f"stack+{self.conversion.name}"
 
     @property
     def nbytes(self) -> int:
@@ -60,29 +73,33 @@ class BindingPlan:
     def by_target(self) -> dict[str, Binding]:
         return {b.target: b for b in self.bindings}
 
-
-def _source_candidates(name: str) -> list[str]:
-    if name.startswith(GRAPH_PREFIX):
-        rest = name[len(GRAPH_PREFIX) :]
-        return [p + rest for p in SOURCE_PREFIXES]
-    return [name]
+    @property
+    def bound_sources(self) -> set[str]:
+        return {name for b in self.bindings for name in b.sources}
 
 
-def _format_names(names: list[str]) -> str:
+def format_names(names: list[str]) -> str:
+    """At most MAX_LISTED names, then how many more."""
     shown = ", ".join(names[:MAX_LISTED])
     more = f" (and {len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""
     return shown + more
 
 
 def plan_bindings(
-    parameters: dict[str, tuple[tuple[int, ...], np.dtype]],
+    parameters: Mapping[str, tuple[tuple[int, ...], np.dtype]],
     source: TensorSource,
-    intentionally_unused: dict[str, str] | None = None,
+    names: NameMap | None = None,
+    intentionally_unused: Mapping[str, str] | None = None,
+    *,
+    account_for_all: bool = True,
 ) -> BindingPlan:
     """Match every parameter (name -> (shape, dtype)) to source tensors; raise on any mismatch.
 
-    intentionally_unused maps source-name regexes to the reason they are not exported.
+    intentionally_unused maps source-name regexes to the reason they are not exported. With
+    account_for_all=False (a graph that uses part of a checkpoint), source tensors no
+    parameter asks for are neither errors nor listed: the package accounts for them.
     """
+    names = names or ExactNames()
     available = set(source.names())
     consumed: set[str] = set()
     bindings: list[Binding] = []
@@ -90,43 +107,40 @@ def plan_bindings(
     misshaped: list[str] = []
 
     for target, (shape, dtype) in parameters.items():
-        found = next((c for c in _source_candidates(target) if c in available), None)
-        if found is not None:
-            info = source.info(found)
-            if info.shape != tuple(shape):
-                misshaped.append(f"{found}: checkpoint {list(info.shape)}, expected {list(shape)}")
-                consumed.add(found)
+        shape = tuple(shape)
+        for candidate in names.alternatives(target, shape):
+            present = [n for n in candidate if n in available]
+            if not present:
                 continue
-            transform = Transform.IDENTITY if info.dtype == dtype else Transform.CAST
-            bindings.append(Binding(target, (found,), transform, info.dtype, dtype, tuple(shape)))
-            consumed.add(found)
-            continue
-        stacked = STACKED_EXPERTS.match(target)
-        if stacked:
-            binding = _plan_stack(target, stacked, shape, dtype, source, available, misshaped)
+            if len(present) != len(candidate):
+                absent = [n for n in candidate if n not in available]
+                missing.append(f"{target} ({format_names(absent)} absent)")
+                break
+            binding = _plan_one(target, candidate, shape, np.dtype(dtype), source, misshaped)
+            consumed.update(candidate)
             if binding is not None:
                 bindings.append(binding)
-                consumed.update(binding.sources)
-                continue
-        missing.append(target)
+            break
+        else:
+            missing.append(target)
 
     unused: dict[str, str] = {}
     rules = [(re.compile(p), reason) for p, reason in (intentionally_unused or {}).items()]
     leftover = []
     for name in sorted(available - consumed):
         reason = next((r for pattern, r in rules if pattern.search(name)), None)
-        if reason is None:
-            leftover.append(name)
-        else:
+        if reason is not None:
             unused[name] = reason
+        elif account_for_all:
+            leftover.append(name)
 
     problems = []
     if missing:
-        problems.append(f"missing tensors: {_format_names(missing)}")
+        problems.append(f"missing tensors: {format_names(missing)}")
     if misshaped:
-        problems.append(f"tensors of the wrong shape: {_format_names(misshaped)}")
+        problems.append(f"tensors of the wrong shape: {format_names(misshaped)}")
     if leftover:
-        problems.append(f"tensors the config does not use: {_format_names(leftover)}")
+        problems.append(f"tensors the config does not use: {format_names(leftover)}")
     if problems:
         raise CheckpointError(
             "the checkpoint does not match its config: "
@@ -136,57 +150,45 @@ def plan_bindings(
     return BindingPlan(bindings=bindings, unused=unused)
 
 
-def _plan_stack(
+def _plan_one(
     target: str,
-    match: re.Match[str],
+    names: tuple[str, ...],
     shape: tuple[int, ...],
     dtype: np.dtype,
     source: TensorSource,
-    available: set[str],
     misshaped: list[str],
 ) -> Binding | None:
-    experts = shape[0]
-    for prefix in _source_candidates(match["prefix"]):
-        names = [f"{prefix}.{e}.{match['proj']}.weight" for e in range(experts)]
-        present = [n for n in names if n in available]
-        if not present:
-            continue
-        if len(present) != experts:
-            return None  # reported as missing
-        infos = [source.info(n) for n in names]
-        bad = [f"{i.name}: {list(i.shape)}" for i in infos if i.shape != tuple(shape[1:])]
-        if bad:
-            misshaped.extend(f"{b}, expected {list(shape[1:])}" for b in bad)
-            return None
-        dtypes = {i.dtype for i in infos}
-        if len(dtypes) != 1:
-            misshaped.append(
-                f"{target}: experts stored with mixed dtypes {sorted(map(str, dtypes))}"
-            )
-            return None
-        src_dtype = dtypes.pop()
-        transform = Transform.STACK if src_dtype == dtype else Transform.STACK_CAST
-        return Binding(target, tuple(names), transform, src_dtype, dtype, tuple(shape))
-    return None
+    stacked = len(names) > 1
+    expected = shape[1:] if stacked else shape
+    if stacked and shape[0] != len(names):
+        misshaped.append(f"{target}: {len(names)} slices for a leading axis of {shape[0]}")
+        return None
+    infos = [source.info(n) for n in names]
+    bad = [f"{i.name}: checkpoint {list(i.shape)}" for i in infos if i.shape != expected]
+    if bad:
+        misshaped.extend(f"{b}, expected {list(expected)}" for b in bad)
+        return None
+    storages = {i.storage for i in infos}
+    if len(storages) != 1:
+        misshaped.append(f"{target}: slices stored as {sorted(s.name for s in storages)}")
+        return None
+    storage = storages.pop()
+    conversion = storage.conversion_to(dense(dtype))
+    return Binding(target, names, conversion, stacked, infos[0].dtype, dtype, shape)
 
 
 # --------------------------------------------------------------------------- lazy data
-def cast_array(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Element-type conversion with round-to-nearest-even (as torch's .to())."""
-    if array.dtype == dtype:
-        return array
-    return np.asarray(array).astype(dtype)
-
-
 def materialize(binding: Binding, source: TensorSource) -> np.ndarray:
     """The whole initializer as an array (small tensors, tests, onnx_ir's own save path).
 
     Exports never call this: the writer streams bounded chunks (weights/writer.py).
     """
-    parts = [cast_array(np.asarray(source.read(n)), binding.target_dtype) for n in binding.sources]
-    stacked = binding.transform in (Transform.STACK, Transform.STACK_CAST)
-    array = np.stack(parts) if stacked else parts[0]
-    return np.ascontiguousarray(array).reshape(binding.shape)
+    parts = []
+    for name in binding.sources:
+        raw = np.ascontiguousarray(source.read(name)).reshape(-1).view(np.uint8)
+        written = binding.conversion.convert(memoryview(raw))
+        parts.append(np.frombuffer(written, dtype=binding.target_dtype))
+    return np.concatenate(parts).reshape(binding.shape)
 
 
 class BoundTensor(ir.LazyTensor):

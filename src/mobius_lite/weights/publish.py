@@ -22,31 +22,62 @@ import fcntl
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from secrets import token_hex
 
 from mobius_lite.errors import PackageError
+from mobius_lite.layout import DECODER_FILE, MANIFEST_FILE
 
-MANIFEST_FILE = "manifest.json"
 # Inside a staging directory the manifest waits under this hidden name; publish() gives it its
 # real name only immediately before the directory is renamed into place.
 PENDING_MANIFEST = ".manifest.json.pending"
-PACKAGE_MARKERS = (MANIFEST_FILE, "model.onnx")
+PACKAGE_MARKERS = (MANIFEST_FILE, DECODER_FILE)
 _STAGING = re.compile(r"^\.(?P<name>.+)\.(?:partial|old)-(?P<pid>\d+)-(?P<token>[0-9a-f]+)$")
 _LOCK = re.compile(r"^\.(?P<name>.+)\.lock-(?P<pid>\d+)-(?P<token>[0-9a-f]+)$")
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(destination: Path) -> None:
+    """Raise PackageError unless a package can be created beside `destination` (its staging
+    directory is a sibling): the nearest existing ancestor must be a directory we can write."""
+    ancestor = _nearest_existing(destination.parent)
+    if not ancestor.is_dir():
+        raise PackageError(
+            f"cannot create {destination}: {ancestor} is a file, not a directory; choose an "
+            "output path under a directory"
+        )
+    try:  # a probe, as permission bits do not tell (root, read-only mounts, ACLs)
+        fd, probe = tempfile.mkstemp(prefix=".mobius-probe-", dir=ancestor)
+    except OSError as exc:
+        raise PackageError(
+            f"cannot write in {ancestor} ({exc.strerror or exc}); choose an output directory "
+            "you can write to"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def check_destination(destination: Path, overwrite: bool) -> None:
     """Raise PackageError now (before any large read or write) if `destination` is unusable."""
+    check_writable(destination)
     if destination.is_symlink():
         raise PackageError(f"{destination} is a symbolic link; give the real directory path")
     if not destination.exists():
         return
     if not destination.is_dir():
-        raise PackageError(f"{destination} exists and is not a directory; choose another output")
+        raise PackageError(
+            f"{destination} is a file, not a directory; choose a directory path for the package"
+        )
     if not any(destination.iterdir()):
         return
     if not overwrite:

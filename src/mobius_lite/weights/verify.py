@@ -1,15 +1,15 @@
 """Verify a package against its source checkpoint by re-reading both sides.
 
 Two layers of checks:
-- structure (`check_references`): every external-data reference in every graph of model.onnx,
-  subgraphs and Constant attributes included, names a regular file in the package (no links,
+- structure (`check_references`): every external-data reference of every graph file
+  (subgraphs and Constant attributes included) names a regular file in the package (no links,
   no paths) and a range inside it of the right length; the data files are exactly those the
-  model references; the manifest agrees with the model.
+  graphs reference; the manifest agrees with each graph.
 - content (`verify_package`): every bound source tensor is re-read from the checkpoint and
-  compared with the bytes in the shard: byte-exact for identity and stack, and for casts the
-  source is cast again (numpy/ml_dtypes, round-to-nearest-even) and the bytes compared. The
-  source and written sha256 recorded at export are checked too, and every checkpoint tensor
-  must be bound once or listed as unused.
+  compared with the bytes in the shard: the source's storage format gives the conversion, and
+  its independent recomputation (byte-exact for identity and stack; a fresh cast for casts)
+  is what the written bytes must equal. The source and written sha256 recorded at export are
+  checked too, and every checkpoint tensor must be bound once or listed as unused.
 Memory stays bounded: both sides are streamed chunk by chunk.
 """
 
@@ -18,35 +18,19 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
+from mobius_lite.formats.dense import dense
 from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.weights.manifest import read_manifest
+from mobius_lite.weights.external_data import ExternalRef, external_references
+from mobius_lite.weights.manifest import manifest_initializers, read_manifest
 from mobius_lite.weights.writer import DEFAULT_CHUNK_BYTES, iter_source_bytes
-
-
-@dataclass(frozen=True)
-class ExternalRef:
-    """One tensor's external-data reference as written in the model proto."""
-
-    name: str
-    location: str
-    offset: int
-    length: int | None
-    data_type: int
-    dims: tuple[int, ...]
-
-    @property
-    def expected_length(self) -> int:
-        return int(np.prod(self.dims, dtype=np.int64)) * ir.DataType(self.data_type).itemsize
 
 
 @dataclass
@@ -75,50 +59,6 @@ class VerifyReport:
 
 
 # --------------------------------------------------------------------------- structure
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    yield from _node_tensors(graph.node)
-
-
-def _node_tensors(nodes) -> Iterator[onnx.TensorProto]:
-    for node in nodes:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _graph_tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _graph_tensors(sub)
-
-
-def external_references(model_path: Path) -> list[ExternalRef]:
-    """Every external tensor reference in the model: main graph, subgraphs, functions."""
-    model = onnx.load(str(model_path), load_external_data=False)
-    tensors = list(_graph_tensors(model.graph))
-    for function in model.functions:
-        tensors.extend(_node_tensors(function.node))
-    refs = []
-    for tensor in tensors:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        refs.append(
-            ExternalRef(
-                name=tensor.name,
-                location=info.get("location", ""),
-                offset=int(info.get("offset", 0)),
-                length=int(info["length"]) if "length" in info else None,
-                data_type=tensor.data_type,
-                dims=tuple(tensor.dims),
-            )
-        )
-    return refs
-
-
 def _check_file(directory: Path, location: str) -> str | None:
     if not location or Path(location).name != location or location in (".", ".."):
         return f"external data location {location!r} is not a plain file name in the package"
@@ -135,12 +75,23 @@ def _check_file(directory: Path, location: str) -> str | None:
     return None
 
 
+def graph_references(directory: Path, manifest: dict[str, Any]) -> dict[str, list[ExternalRef]]:
+    """Each graph's external references (role -> refs), read from its model file."""
+    return {
+        role: external_references(directory / graph["file"])
+        for role, graph in manifest["graphs"].items()
+    }
+
+
 def check_references(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """Structural problems of the package in `directory` (empty list when sound)."""
     directory = Path(directory)
     problems: list[str] = []
-    model_file = manifest.get("model_file", "model.onnx")
-    refs = external_references(directory / model_file)
+    per_graph = graph_references(directory, manifest)
+    # A tensor shared by two graphs is one reference seen twice: count it once.
+    refs = list(
+        {(r.location, r.offset, r.name): r for rs in per_graph.values() for r in rs}.values()
+    )
     files = manifest.get("files", {})
     data_files = {n for n, f in files.items() if f.get("role") == "external-data"}
     sizes: dict[str, int] = {}
@@ -181,23 +132,27 @@ def check_references(directory: Path, manifest: dict[str, Any]) -> list[str]:
             if start < end:
                 problems.append(f"{first} and {second} overlap in {location}")
 
-    by_name = {r.name: r for r in refs}
-    initializers = manifest.get("initializers", {})
-    for name, entry in initializers.items():
-        ref = by_name.get(name)
-        if ref is None:
-            problems.append(f"{name}: in the manifest but not an external tensor of the model")
-        elif (ref.location, ref.offset, ref.length) != (
-            entry["file"],
-            entry["offset"],
-            entry["length"],
-        ):
-            problems.append(
-                f"{name}: model says {ref.location}+{ref.offset}:{ref.length}, manifest says "
-                f"{entry['file']}+{entry['offset']}:{entry['length']}"
-            )
-    for name in sorted(set(by_name) - set(initializers)):
-        problems.append(f"{name}: external tensor of the model missing from the manifest")
+    for role, graph in manifest["graphs"].items():
+        by_name = {r.name: r for r in per_graph[role]}
+        initializers = graph["initializers"]
+        model_file = graph["file"]
+        for name, entry in initializers.items():
+            ref = by_name.get(name)
+            if ref is None:
+                problems.append(
+                    f"{name}: in the manifest but not an external tensor of {model_file}"
+                )
+            elif (ref.location, ref.offset, ref.length) != (
+                entry["file"],
+                entry["offset"],
+                entry["length"],
+            ):
+                problems.append(
+                    f"{name}: {model_file} says {ref.location}+{ref.offset}:{ref.length}, the "
+                    f"manifest says {entry['file']}+{entry['offset']}:{entry['length']}"
+                )
+        for name in sorted(set(by_name) - set(initializers)):
+            problems.append(f"{name}: external tensor of {model_file} missing from the manifest")
     return problems
 
 
@@ -228,7 +183,11 @@ class _Verifier:
         self.report: VerifyReport = report
         self.fds: dict[str, int] = {}
         self.names = set(source.names())
-        self.refs = {r.name: r for r in external_references(directory / manifest["model_file"])}
+        self.refs = {
+            (role, r.name): r
+            for role, refs in graph_references(directory, manifest).items()
+            for r in refs
+        }
 
     def fd(self, location: str) -> int | None:
         """An open descriptor, or None for a file that cannot be read (reported already)."""
@@ -258,7 +217,7 @@ class _Verifier:
         for name in sorted(set(sources) & set(unused)):
             self.report.mismatches.append(f"{name}: both bound and listed as unused")
         seen: dict[str, str] = {}
-        for target, entry in self.manifest["initializers"].items():
+        for target, entry in manifest_initializers(self.manifest).items():
             for name in entry["sources"]:
                 if name in seen:
                     self.report.mismatches.append(
@@ -270,23 +229,24 @@ class _Verifier:
                         f"{name}: manifest entries disagree on its initializer"
                     )
 
-    def segment(self, target: str, name: str, progress) -> None:
+    def segment(self, role: str, target: str, name: str, progress) -> None:
         """Compare one source tensor with its slice of the written initializer."""
         entry = self.manifest["sources"][name]
-        ref = self.refs.get(target)
+        ref = self.refs.get((role, target))
         if ref is None:
             self.report.mismatches.append(f"{target}: not an external tensor of the model")
             return
         if name not in self.names:
             return  # reported by coverage()
         info = self.source.info(name)
-        if str(info.dtype) != entry["dtype"] or list(info.shape) != entry["shape"]:
+        if info.storage.name != entry["dtype"] or list(info.shape) != entry["shape"]:
             self.report.mismatches.append(
-                f"{name}: checkpoint has {info.dtype} {list(info.shape)}, the package was made "
-                f"from {entry['dtype']} {entry['shape']}"
+                f"{name}: checkpoint has {info.storage.name} {list(info.shape)}, the package was "
+                f"made from {entry['dtype']} {entry['shape']}"
             )
             return
-        target_dtype = ir.DataType(ref.data_type).numpy()
+        # The source's storage format says how its bytes become the initializer's.
+        conversion = info.storage.conversion_to(dense(ir.DataType(ref.data_type).numpy()))
         written = entry["written"]
         fd = self.fd(ref.location)
         if fd is None:
@@ -295,12 +255,12 @@ class _Verifier:
         src_hash, out_hash = hashlib.sha256(), hashlib.sha256()
         consumed = 0
         problem = None
-        for raw in iter_source_bytes(self.source, name, DEFAULT_CHUNK_BYTES):
+        chunks = iter_source_bytes(
+            self.source, name, DEFAULT_CHUNK_BYTES, unit_bytes=conversion.unit_bytes
+        )
+        for raw in chunks:
             src_hash.update(raw)
-            if info.dtype == target_dtype:
-                expected = bytes(raw)
-            else:  # recompute the cast independently of the writer
-                expected = np.frombuffer(raw, dtype=info.dtype).astype(target_dtype).tobytes()
+            expected = conversion.recompute(raw)
             actual = _pread_exact(fd, len(expected), position + consumed)
             out_hash.update(actual)
             if problem is None and actual != expected:
@@ -327,8 +287,8 @@ class _Verifier:
         if problem is None and out_hash.hexdigest() != written["sha256"]:
             self.report.mismatches.append(f"{target} (from {name}): written sha256 differs")
 
-    def constant(self, target: str, entry: dict[str, Any]) -> None:
-        ref = self.refs.get(target)
+    def constant(self, role: str, target: str, entry: dict[str, Any]) -> None:
+        ref = self.refs.get((role, target))
         if ref is None or ref.length is None:
             return  # reported by check_references
         fd = self.fd(ref.location)
@@ -365,7 +325,7 @@ def verify_package(
     report = VerifyReport(package=package_dir, source=label)
     report.mismatches.extend(check_references(package_dir, manifest))
     verifier = _Verifier(package_dir, manifest, source, report)
-    total = sum(e["length"] for e in manifest["initializers"].values())
+    total = sum(e["length"] for e in manifest_initializers(manifest).values())
     try:
         verifier.coverage()
         with tqdm(
@@ -377,13 +337,18 @@ def verify_package(
             disable=quiet,
             mininterval=0.5,
         ) as progress:
-            for target, entry in manifest["initializers"].items():
-                if entry["transform"] == "constant":
-                    verifier.constant(target, entry)
-                    continue
-                for name in entry["sources"]:
-                    if name in manifest["sources"]:
-                        verifier.segment(target, name, progress)
+            done: set[tuple[str, int]] = set()  # a shared tensor is compared once
+            for role, graph in manifest["graphs"].items():
+                for target, entry in graph["initializers"].items():
+                    if (entry["file"], entry["offset"]) in done:
+                        continue
+                    done.add((entry["file"], entry["offset"]))
+                    if entry["transform"] == "constant":
+                        verifier.constant(role, target, entry)
+                        continue
+                    for name in entry["sources"]:
+                        if name in manifest["sources"]:
+                            verifier.segment(role, target, name, progress)
     finally:
         verifier.close()
     return report

@@ -1,16 +1,19 @@
 """Streaming save: initializers go to sharded external data one bounded chunk at a time.
 
 Each source tensor is read lazily (a byte range of the checkpoint file when the source has
-one, else the in-memory array), in chunks of at most `chunk_bytes`, cast per chunk when the
-binding says so, hashed (sha256 of the source bytes and of the written bytes) and appended to
-the current shard. Reading, hashing and writing overlap on a small thread pool; memory stays
-at a few chunks whatever the model size.
+one, else the in-memory array), in chunks of at most `chunk_bytes`, converted per chunk by the
+binding's conversion (the storage format decides: identity, cast, ...), checked for
+non-finite values, hashed (sha256 of the source bytes and of the written bytes) and appended
+to the current shard. Reading, hashing and writing overlap on a small thread pool; memory
+stays at a few chunks whatever the model size.
 
-Shards are regular files named after the model file: model.onnx.data for one shard,
-model.onnx-00001-of-00007.data for several. A shard closes when the next tensor would push it
-past `shard_size`; a single tensor larger than `shard_size` gets a shard of its own (an ONNX
-external tensor cannot span files). The model proto is serialized with external references
-only, so no tensor data is ever materialised for it.
+Several graphs of one package share one set of shards: a tensor bound in two graphs (the same
+binding) is written once and referenced by both. Shards are regular files named after the
+first model file: model.onnx.data for one shard, model.onnx-00001-of-00007.data for several.
+A shard closes when the next tensor would push it past `shard_size`; a single tensor larger
+than `shard_size` gets a shard of its own (an ONNX external tensor cannot span files). The
+model protos are serialized with external references only, so no tensor data is ever
+materialised for them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import re
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,8 +30,9 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 
+from mobius_lite.formats.dense import dense
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.weights.binding import Binding, BoundTensor, cast_array
+from mobius_lite.weights.binding import Binding, BoundTensor
 
 DEFAULT_SHARD_SIZE = 1 << 30
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -38,37 +41,6 @@ INLINE_LIMIT = 1024  # builder constants below this stay inside the model file
 ALIGNMENT = 64
 LARGE_ALIGNMENT = 4096  # page-aligned offsets for tensors of 1 MiB and more (mmap-friendly)
 LARGE_TENSOR = 1 << 20
-
-SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
-
-
-def parse_size(text: str | int) -> int:
-    """'1GiB', '512MB', '1048576' -> bytes (decimal kB/MB/GB, binary KiB/MiB/GiB)."""
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in SIZE_UNITS:
-            raise ValueError(
-                f"invalid size {text!r}: use a byte count or a number with a unit "
-                "(KB, MB, GB, KiB, MiB, GiB), e.g. 512MB or 1GiB"
-            )
-        value = int(float(match.group(1)) * SIZE_UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be positive, found {text!r}")
-    return value
 
 
 # --------------------------------------------------------------------------- records
@@ -86,7 +58,7 @@ class Segment:
 
 @dataclass
 class WrittenTensor:
-    """One external initializer: where it lives and what it was made from."""
+    """One external initializer: where it lives, what it was made from, who references it."""
 
     name: str
     file: str
@@ -96,15 +68,29 @@ class WrittenTensor:
     shape: tuple[int, ...]
     binding: Binding | None = None
     segments: list[Segment] = field(default_factory=list)
+    graphs: list[str] = field(default_factory=list)  # the model files that reference it
+    nonfinite: int = 0  # NaN / +-Inf values among the written elements (float tensors)
 
 
 @dataclass
 class WriteResult:
-    model_file: str
+    model_files: list[str]
     data_files: list[str] = field(default_factory=list)
     file_sizes: dict[str, int] = field(default_factory=dict)
-    tensors: list[WrittenTensor] = field(default_factory=list)
+    tensors: list[WrittenTensor] = field(default_factory=list)  # each written tensor once
     bytes_written: int = 0
+
+    @property
+    def model_file(self) -> str:
+        return self.model_files[0]
+
+    def tensors_of(self, model_file: str) -> list[WrittenTensor]:
+        return [t for t in self.tensors if model_file in t.graphs]
+
+    @property
+    def nonfinite(self) -> dict[str, int]:
+        """Initializer name -> count, for the tensors holding NaN or infinite values."""
+        return {t.name: t.nonfinite for t in self.tensors if t.nonfinite}
 
 
 # --------------------------------------------------------------------------- planning
@@ -181,17 +167,19 @@ def iter_source_bytes(
     name: str,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     buffers: BufferPool | None = None,
+    unit_bytes: int | None = None,
 ) -> Iterator[bytes | memoryview]:
     """The raw (little-endian) bytes of one source tensor, a bounded chunk at a time.
 
-    Sources with `byte_range` (safetensors files) are read with pread, into buffers taken from
-    `buffers` (the caller releases each chunk) or fresh ones; no mapping of the file grows the
-    resident set. Other sources are sliced in memory.
+    Every chunk holds whole units of `unit_bytes` (default: one element; a conversion's
+    block for packed storage). Sources with `byte_range` (safetensors files) are read with
+    pread, into buffers taken from `buffers` (the caller releases each chunk) or fresh ones;
+    no mapping of the file grows the resident set. Other sources are sliced in memory.
     """
-    info = source.info(name)
-    chunk = _aligned_chunk(chunk_bytes, info.dtype.itemsize)
+    unit = unit_bytes or source.info(name).dtype.itemsize
+    chunk = _aligned_chunk(chunk_bytes, unit)
     if buffers is not None:
-        chunk = min(chunk, _aligned_chunk(buffers.size, info.dtype.itemsize))
+        chunk = min(chunk, _aligned_chunk(buffers.size, unit))
     byte_range = getattr(source, "byte_range", None)
     if byte_range is not None:
         path, start, length = byte_range(name)
@@ -218,13 +206,13 @@ def iter_source_bytes(
         yield flat[pos : pos + chunk]
 
 
-def convert_chunk(raw: bytes | memoryview, source_dtype: np.dtype, target_dtype: np.dtype):
-    """Source bytes -> written bytes for one chunk (identity, or an element-type cast)."""
-    if source_dtype == target_dtype:
-        return raw
-    array = np.frombuffer(raw, dtype=source_dtype)
-    # Viewed as bytes: the buffer protocol does not carry ml_dtypes types such as bfloat16.
-    return memoryview(cast_array(array, target_dtype).view(np.uint8))
+def count_nonfinite(data: bytes | memoryview, dtype: np.dtype) -> int:
+    """NaN and infinite elements of a float chunk (0 for other element types)."""
+    if not dense(dtype).floating:
+        return 0
+    values = np.frombuffer(data, dtype=dtype)
+    finite = np.isfinite(values)
+    return 0 if finite.all() else int(values.size - np.count_nonzero(finite))
 
 
 class _Prefetch:
@@ -332,20 +320,24 @@ def _write_binding(
     buffers: BufferPool,
     chunk_bytes: int,
     on_bytes: Callable[[int], None] | None,
-) -> list[Segment]:
-    """Stream one binding's sources into `out`; segment hashes are Futures until resolved."""
+) -> tuple[list[Segment], int]:
+    """Stream one binding's sources into `out`; returns its segments (hashes are Futures
+    until resolved) and its count of non-finite written values."""
     segments = []
     position = 0
-    cast = binding.source_dtype != binding.target_dtype
+    nonfinite = 0
+    conversion = binding.conversion
+    cast = not conversion.verbatim
     for name in binding.sources:
         src_hash = hashlib.sha256()
         out_hash = hashlib.sha256() if cast else src_hash
         length = 0
         source_nbytes = 0
-        chunks = iter_source_bytes(source, name, chunk_bytes, buffers)
+        chunks = iter_source_bytes(source, name, chunk_bytes, buffers, conversion.unit_bytes)
         for raw in _Prefetch(chunks, reader):
             hashed = hashers[0].update(src_hash, raw)
-            data = convert_chunk(raw, binding.source_dtype, binding.target_dtype)
+            data = conversion.convert(raw)
+            nonfinite += count_nonfinite(data, binding.target_dtype)
             if cast:
                 hashers[1].update(out_hash, data)
             out.write(data)
@@ -367,7 +359,7 @@ def _write_binding(
             )
         )
         position += length
-    return segments
+    return segments, nonfinite
 
 
 def write_model(
@@ -378,18 +370,58 @@ def write_model(
     on_bytes: Callable[[int], None] | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> WriteResult:
-    """Write `model` into `directory` (which must exist) with sharded external data.
+    """Write one model into `directory` (which must exist) with sharded external data."""
+    return write_graphs([(model_file, model)], directory, shard_size, on_bytes, chunk_bytes)
 
-    The model object is left as it was (its lazy tensors are swapped for external references
-    only while the proto is serialized), so the same package can be saved again.
+
+def _unique_tensors(
+    graphs: list[tuple[str, ir.Model]],
+) -> tuple[list[ir.Value], dict[str, list[ir.Value]], dict[int, ir.Value]]:
+    """The external initializers to write, each once: a bound tensor whose binding appears in
+    several graphs (a declared shared tensor) is written once. Returns the values to write,
+    each graph's external values, and for every external value (by id) the one written for it.
+    """
+    by_binding: dict[Binding, ir.Value] = {}
+    to_write: list[ir.Value] = []
+    per_graph: dict[str, list[ir.Value]] = {}
+    written_for: dict[int, ir.Value] = {}
+    for model_file, model in graphs:
+        per_graph[model_file] = external_initializers(model)
+        for value in per_graph[model_file]:
+            tensor = value.const_value
+            key = tensor.binding if isinstance(tensor, BoundTensor) else None
+            written = by_binding.setdefault(key, value) if key is not None else value
+            if written is value:
+                to_write.append(value)
+            written_for[id(value)] = written
+    return to_write, per_graph, written_for
+
+
+def write_graphs(
+    graphs: list[tuple[str, ir.Model]],
+    directory: str | Path,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    on_bytes: Callable[[int], None] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> WriteResult:
+    """Write (model file, model) pairs into `directory` (which must exist), their external
+    data in one set of shards named after the first model file.
+
+    The model objects are left as they were (their lazy tensors are swapped for external
+    references only while each proto is serialized), so the same package can be saved again.
     """
     directory = Path(directory)
-    values = external_initializers(model)
+    values, per_graph, written_for = _unique_tensors(graphs)
+    users: dict[int, list[str]] = {}
+    for model_file, graph_values in per_graph.items():
+        for value in graph_values:
+            users.setdefault(id(written_for[id(value)]), []).append(model_file)
+    model_files = [name for name, _ in graphs]
     sizes = [v.const_value.nbytes for v in values]
     placement = plan_shards(sizes, shard_size)
     count = (placement[-1][0] + 1) if placement else 0
-    names = [shard_name(model_file, i, count) for i in range(count)]
-    result = WriteResult(model_file=model_file, data_files=list(names))
+    names = [shard_name(model_files[0], i, count) for i in range(count)]
+    result = WriteResult(model_files=model_files, data_files=list(names))
     hashers = (_HashStream(depth=HASH_QUEUE), _HashStream(depth=HASH_QUEUE))
     # Buffers in flight: one being read ahead, one being written, the hash queue and the one
     # being hashed. Peak memory of the data path is about this many chunks, whatever the model.
@@ -400,8 +432,9 @@ def write_model(
             for value, size, (shard, offset) in zip(values, sizes, placement, strict=True):
                 out.seek(shard, offset)
                 tensor = value.const_value
+                nonfinite = 0
                 if isinstance(tensor, BoundTensor):
-                    segments = _write_binding(
+                    segments, nonfinite = _write_binding(
                         tensor.binding,
                         tensor.source,
                         out,
@@ -432,6 +465,8 @@ def write_model(
                         shape=tuple(int(d) for d in tensor.shape),
                         binding=binding,
                         segments=segments,
+                        graphs=users[id(value)],
+                        nonfinite=nonfinite,
                     )
                 )
                 result.bytes_written += length
@@ -444,8 +479,12 @@ def write_model(
             segment.sha256 = _resolved(segment.sha256)
             segment.source_sha256 = _resolved(segment.source_sha256)
     result.file_sizes = dict(out.sizes)
-    _write_proto(model, directory, model_file, values, result.tensors)
-    result.file_sizes[model_file] = (directory / model_file).stat().st_size
+    record_of = {id(v): r for v, r in zip(values, result.tensors, strict=True)}
+    for model_file, model in graphs:
+        graph_values = per_graph[model_file]
+        records = [record_of[id(written_for[id(v)])] for v in graph_values]
+        _write_proto(model, directory, model_file, graph_values, records)
+        result.file_sizes[model_file] = (directory / model_file).stat().st_size
     return result
 
 

@@ -1,0 +1,89 @@
+"""The build context every weighted component takes, and weight slots whose format it decides.
+
+`BuildContext` carries the activation precision, the per-parameter weight formats (by
+checkpoint name; dense in the activation precision when absent) and the backend a format may
+emit for. Components declare weight slots (`WeightedModule.weight_slot`); after the module
+tree is built, `apply_weight_formats` gives each slot the format its full name maps to, so
+model code never mentions a format.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+from onnxscript import OpBuilder, nn
+
+from mobius_lite.formats.weight import DenseWeight, WeightFormat
+
+
+class Backend(str, enum.Enum):
+    """Which operators a packed format may emit."""
+
+    STANDARD = "standard"  # standard ONNX ops only: runs on any execution provider
+    ORT = "ort"  # onnxruntime's com.microsoft contrib ops where they fit
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    dtype: ir.DataType
+    weight_formats: Mapping[str, WeightFormat] = field(default_factory=dict)
+    backend: Backend = Backend.STANDARD
+
+    def weight_format(self, name: str) -> WeightFormat:
+        return self.weight_formats.get(name) or DenseWeight(self.dtype)
+
+
+class WeightedModule(nn.Module):
+    """A module with weight slots: each slot's parameters come from its WeightFormat."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+        # attr -> (logical shape, format, parameter name suffixes)
+        self._slots: dict[str, tuple[tuple[int, ...], WeightFormat, tuple[str, ...]]] = {}
+
+    def weight_slot(self, attr: str, shape: tuple[int, ...]) -> None:
+        """Declare weight `attr` of logical shape [..., out, in], dense until told otherwise."""
+        self._install(attr, shape, DenseWeight(self.ctx.dtype))
+
+    def set_weight_format(self, attr: str, fmt: WeightFormat) -> None:
+        shape, _, suffixes = self._slots[attr]
+        for suffix in suffixes:
+            self._parameters.pop(attr + suffix, None)
+        self._install(attr, shape, fmt)
+
+    def _install(self, attr: str, shape: tuple[int, ...], fmt: WeightFormat) -> None:
+        parameters = fmt.parameters(shape)
+        for suffix, parameter in parameters.items():
+            setattr(self, attr + suffix, parameter)
+        self._slots[attr] = (shape, fmt, tuple(parameters))
+
+    def weight_format_of(self, attr: str) -> WeightFormat:
+        return self._slots[attr][1]
+
+    def slot_values(self, attr: str) -> dict[str, ir.Value]:
+        """The slot's parameters by suffix, as graph values."""
+        return {suffix: getattr(self, attr + suffix) for suffix in self._slots[attr][2]}
+
+    def matmul(
+        self, op: OpBuilder, attr: str, x: ir.Value, bias: ir.Value | None = None
+    ) -> ir.Value:
+        return self.weight_format_of(attr).matmul(op, x, self.slot_values(attr), bias)
+
+    def select(self, op: OpBuilder, attr: str, indices: ir.Value) -> ir.Value:
+        return self.weight_format_of(attr).select(op, self.slot_values(attr), indices)
+
+
+def apply_weight_formats(root: nn.Module, ctx: BuildContext) -> None:
+    """Give every weight slot under `root` the format its checkpoint name maps to."""
+    if not ctx.weight_formats:
+        return
+    for prefix, module in root.named_modules():
+        if isinstance(module, WeightedModule):
+            for attr in list(module._slots):
+                name = f"{prefix}.{attr}" if prefix else attr
+                if name in ctx.weight_formats:
+                    module.set_weight_format(attr, ctx.weight_formats[name])

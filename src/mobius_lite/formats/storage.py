@@ -1,0 +1,53 @@
+"""What a stored tensor is, and how its bytes become an initializer's bytes.
+
+A `Storage` describes one tensor's bytes (a dense element type today; GGUF block types and
+FP4 / FP8 with their scales next). Asked for a target storage, it returns the `Conversion`
+between the two: the writer converts with it chunk by chunk, `verify` recomputes with it
+independently, the manifest records its name, and `materialize` applies it to whole arrays.
+Nothing outside a format decides how bytes change.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+Bytes = bytes | memoryview
+
+
+class Conversion(Protocol):
+    """How source bytes become written bytes, applicable to any whole number of units."""
+
+    name: str  # recorded in the manifest: "identity", "cast", ...
+    unit_bytes: int  # source bytes of one indivisible unit (an element, a block)
+
+    @property
+    def verbatim(self) -> bool:
+        """True when the written bytes are the source bytes."""
+        ...
+
+    def convert(self, raw: Bytes) -> Bytes:
+        """The written bytes for `raw` (a whole number of units): the export path."""
+        ...
+
+    def recompute(self, raw: Bytes) -> bytes:
+        """The same result by an independent computation: what `verify` compares against."""
+        ...
+
+
+class Storage(Protocol):
+    """The layout of one stored tensor's bytes."""
+
+    name: str
+
+    def nbytes(self, shape: tuple[int, ...]) -> int: ...
+
+    def conversion_to(self, target: Storage) -> Conversion:
+        """The conversion into `target`; RouteError when there is none."""
+        ...
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The element type its bytes are viewed as (uint8 for packed blocks)."""
+        ...

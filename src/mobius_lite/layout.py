@@ -1,0 +1,20 @@
+"""The names of the files in a package, written in this one place."""
+
+from __future__ import annotations
+
+from mobius_lite.enums import GraphRole
+
+MANIFEST_FILE = "manifest.json"
+GENAI_CONFIG_FILE = "genai_config.json"
+CONFIG_FILE = "config.json"
+# Checkpoint files copied into the package unchanged when the source has them.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+    "chat_template.jinja",
+)
+DECODER_FILE = GraphRole.DECODER.file_name
+GRAPH_FILES = tuple(role.file_name for role in GraphRole)
