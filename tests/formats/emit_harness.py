@@ -1,0 +1,56 @@
+"""Run a graph-emitting function on concrete inputs in onnxruntime CPU (format tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+from onnxscript import GraphBuilder, OpBuilder
+
+OPSET = 27
+
+
+def run_emitter(
+    emit: Callable[..., ir.Value | Sequence[ir.Value]],
+    inputs: Sequence[np.ndarray],
+    *,
+    as_initializers: bool = False,
+    opset_imports: dict[str, int] | None = None,
+) -> list[np.ndarray]:
+    """emit(op, *values) builds nodes over one value per array; returns its outputs computed.
+
+    The arrays enter as graph inputs, or as initializers (as packed weights do in a package).
+    """
+    values = [
+        ir.Value(
+            name=f"in{i}",
+            type=ir.TensorType(ir.DataType.from_numpy(a.dtype)),
+            shape=ir.Shape(list(a.shape)),
+        )
+        for i, a in enumerate(inputs)
+    ]
+    graph = ir.Graph(
+        inputs=[] if as_initializers else values,
+        outputs=[],
+        nodes=[],
+        opset_imports={"": OPSET, **(opset_imports or {})},
+        name="emit_test",
+    )
+    if as_initializers:
+        for value, array in zip(values, inputs, strict=True):
+            value.const_value = ir.tensor(array, name=value.name)
+            graph.register_initializer(value)
+    builder = GraphBuilder(graph)
+    op: OpBuilder = builder.op
+    result = emit(op, *values)
+    outputs = [result] if isinstance(result, ir.Value) else list(result)
+    for i, out in enumerate(outputs):
+        out.name = f"out{i}"
+    graph.outputs.extend(outputs)
+    model = ir.Model(graph, ir_version=11, producer_name="emit_test")
+    proto = ir.serde.serialize_model(model)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {} if as_initializers else {f"in{i}": a for i, a in enumerate(inputs)}
+    return session.run(None, feeds)
