@@ -1,0 +1,271 @@
+"""Nemotron-H Omni's vision side: C-RADIO tower + optional final LayerNorm + pixel shuffle +
+projector, as onnxscript modules named like transformers' NemotronH_Omni_Reasoning_V3
+(vision_model.*, vision_final_layernorm.*, multi_modal_projector.*), and its two graphs.
+
+Image graph: pixel_values FP32 [total_patches, 3 * p * p] (normalised, channel-major patches, as
+the image processor emits them) + image_grid_hw int64 [num_images, 2] -> image_features
+[num_image_tokens, text_hidden]. Video graph: pixel_values_videos FP32 [num_videos, num_tubelets,
+T * 3, H, W] (the video processor's tubelets) -> video_features [num_video_tokens, text_hidden]
+and video_retention_mask bool [num_video_tokens] (EVS; all True when video_pruning_rate is 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+from onnx_ir.passes.common.naming import NameFixPass
+from onnxscript import GraphBuilder, OpBuilder, nn
+
+from mobius_lite.components.common import cast_to
+from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.components.evs import retention_mask
+from mobius_lite.components.projector import MultiModalProjector, pixel_shuffle, pixel_shuffle_order
+from mobius_lite.components.radio import (
+    LayerNorm,
+    PackedGrids,
+    RadioModel,
+    RadioSpec,
+    UniformGrid,
+    empty_rows,
+    ints,
+)
+from mobius_lite.enums import Precision
+
+OPSET = 27
+IR_VERSION = 11
+FLOAT = ir.DataType.FLOAT
+INT64 = ir.DataType.INT64
+
+
+@dataclass(frozen=True)
+class OmniVisionConfig:
+    """What the vision graphs need from an Omni config.json (transformers' field names; the
+    released legacy names llm_config / vit_hidden_size are accepted too)."""
+
+    radio: RadioSpec
+    downsample_factor: int  # 1 / downsample_ratio
+    projector_hidden_size: int
+    text_hidden_size: int
+    final_layernorm: bool  # the language model has MTP layers (Megatron adds the norm then)
+    video_pruning_rate: float
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> OmniVisionConfig:
+        """Validate the fields of an Omni config dict; errors name the field."""
+        text = config.get("text_config", config.get("llm_config"))
+        if not isinstance(text, Mapping):
+            raise ValueError("text_config (or llm_config) is missing")
+        temporal = int(config.get("video_temporal_patch_size", 2))
+        radio = RadioSpec.from_dict(config.get("vision_config") or {}, temporal)
+        if radio.video_temporal_patch_size != temporal:
+            raise ValueError(
+                "vision_config.video_temporal_patch_size and video_temporal_patch_size differ"
+            )
+        vision_hidden = int(config.get("vision_hidden_size", config.get("vit_hidden_size", 1280)))
+        if vision_hidden != radio.hidden_size:
+            raise ValueError("vision_hidden_size must equal vision_config.hidden_size")
+        ratio = float(config.get("downsample_ratio", 0.5))
+        factor = round(1 / ratio)
+        if factor < 1 or abs(factor * ratio - 1) > 1e-9:
+            raise ValueError(f"downsample_ratio={ratio} is not 1 / an integer")
+        rate = float(config.get("video_pruning_rate", 0.0))
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"video_pruning_rate={rate} is outside [0, 1)")
+        return cls(
+            radio=radio,
+            downsample_factor=factor,
+            projector_hidden_size=int(config.get("projector_hidden_size", 4096)),
+            text_hidden_size=int(text["hidden_size"]),
+            final_layernorm=int(text.get("num_nextn_predict_layers", 0) or 0) > 0,
+            video_pruning_rate=rate,
+        )
+
+
+class OmniVisionModel(nn.Module):
+    """The Omni vision modules with checkpoint names; forward() is the image path, video() the
+    video path (both share every parameter)."""
+
+    def __init__(self, config: OmniVisionConfig, ctx: BuildContext) -> None:
+        super().__init__()
+        self.config = config
+        self.ctx = ctx
+        spec = config.radio
+        f = config.downsample_factor
+        self.vision_model = RadioModel(spec, ctx)
+        self.vision_final_layernorm = (
+            LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx.dtype)
+            if config.final_layernorm
+            else None
+        )
+        self.multi_modal_projector = MultiModalProjector(
+            spec.hidden_size * f * f, config.projector_hidden_size, config.text_hidden_size, ctx
+        )
+
+    def _project(self, op: OpBuilder, hidden: ir.Value, order: ir.Value) -> ir.Value:
+        """Patch rows of the tower output, in pixel-shuffle order -> projected tokens."""
+        if self.vision_final_layernorm is not None:
+            # per row, so normalising every row (prefix tokens too) before the gather is the same
+            hidden = self.vision_final_layernorm(op, hidden)
+        shuffled = pixel_shuffle(op, hidden, order, self.config.downsample_factor)
+        return self.multi_modal_projector(op, shuffled)
+
+    def forward(self, op: OpBuilder, pixel_values: ir.Value, image_grid_hw: ir.Value) -> ir.Value:
+        spec = self.config.radio
+        f = self.config.downsample_factor
+        grids = PackedGrids.from_grid_hw(op, image_grid_hw, spec.num_prefix_tokens)
+        dtype = self.ctx.dtype
+        hidden = self.vision_model(op, cast_to(op, pixel_values, dtype), grids)
+        prefix = ints(op, spec.num_prefix_tokens)
+
+        def rows(op: OpBuilder, at: ir.Value) -> list[ir.Value]:
+            order = pixel_shuffle_order(
+                op, op.Gather(grids.heights, at), op.Gather(grids.widths, at), f
+            )
+            return [op.Add(order, op.Add(op.Gather(grids.seq_starts, at), prefix))]
+
+        (order,) = grids.loop(op, rows, [empty_rows(op, grids.heights)], "feature_rows")
+        return self._project(op, hidden, order)
+
+    def video(self, op: OpBuilder, pixel_values_videos: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """[V, T, tp * C, H, W] -> (features [V * T * P, text_hidden], keep bool [V * T * P])."""
+        spec = self.config.radio
+        f = self.config.downsample_factor
+        p = spec.patch_size
+        dtype = self.ctx.dtype
+        shape = op.Shape(pixel_values_videos)
+        videos, tubelets = (
+            op.Slice(shape, ints(op, 0), ints(op, 1)),
+            op.Slice(shape, ints(op, 1), ints(op, 2)),
+        )
+        channels = op.Slice(shape, ints(op, 2), ints(op, 3))
+        height = op.Div(op.Slice(shape, ints(op, 3), ints(op, 4)), ints(op, p))
+        width = op.Div(op.Slice(shape, ints(op, 4), ints(op, 5)), ints(op, p))
+        count = op.Mul(videos, tubelets)
+        # (N, C', h, p, w, p) -> (N, h, w, C', p, p): row-major patches, channel-major in each
+        split = op.Reshape(
+            cast_to(op, pixel_values_videos, dtype),
+            op.Concat(count, channels, height, ints(op, p), width, ints(op, p), axis=0),
+        )
+        patches = op.Reshape(
+            op.Transpose(split, perm=[0, 2, 4, 1, 3, 5]),
+            op.Concat(ints(op, -1), op.Mul(channels, ints(op, p * p)), axis=0),
+        )
+        per_frame = op.Add(op.Mul(height, width), ints(op, spec.num_prefix_tokens))
+        grid = UniformGrid(count=count, height=height, width=width, seq_length=per_frame)
+        hidden = self.vision_model(op, patches, grid)
+
+        zero = op.Constant(value=ir.tensor(0, dtype=INT64))
+        one = op.Constant(value=ir.tensor(1, dtype=INT64))
+        frame_starts = op.Mul(op.Range(zero, op.Squeeze(count, ints(op, 0)), one), per_frame)
+        inner = op.Add(pixel_shuffle_order(op, height, width, f), ints(op, spec.num_prefix_tokens))
+        order = op.Reshape(
+            op.Add(op.Unsqueeze(frame_starts, ints(op, 1)), op.Unsqueeze(inner, ints(op, 0))),
+            ints(op, -1),
+        )
+        features = self._project(op, hidden, order)
+        mask = retention_mask(op, features, videos, tubelets, self.config.video_pruning_rate)
+        return features, mask
+
+
+__all__ = [
+    "OmniVisionConfig",
+    "OmniVisionModel",
+    "build_video_graph",
+    "build_vision_graph",
+]
+
+
+def _context(dtype: ir.DataType | Precision | str, ctx: BuildContext | None) -> BuildContext:
+    if ctx is not None:
+        return ctx
+    if not isinstance(dtype, ir.DataType):
+        dtype = Precision.parse(dtype).ir_dtype
+    return BuildContext(dtype)
+
+
+def _module(config: OmniVisionConfig, ctx: BuildContext) -> OmniVisionModel:
+    module = OmniVisionModel(config, ctx)
+    apply_weight_formats(module, ctx)
+    return module
+
+
+def _value(name: str, dtype: ir.DataType, shape: list[int | str]) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
+
+
+def _finish(graph: ir.Graph, outputs: list[tuple[ir.Value, str, ir.DataType, list]]) -> ir.Model:
+    for value, name, dtype, shape in outputs:
+        value.name = name
+        value.type = ir.TensorType(dtype)
+        value.shape = ir.Shape(shape)
+        graph.outputs.append(value)
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")
+    NameFixPass()(model)  # Loop bodies number their values per graph
+    return model
+
+
+def build_vision_graph(
+    config: OmniVisionConfig,
+    dtype: ir.DataType | Precision | str = FLOAT,
+    *,
+    ctx: BuildContext | None = None,
+) -> ir.Model:
+    """The image graph (weights unbound: initializers named like the checkpoint, no data)."""
+    ctx = _context(dtype, ctx)
+    dtype = ctx.dtype
+    module = _module(config, ctx)
+    pixels = _value("pixel_values", FLOAT, ["total_patches", config.radio.patch_dim])
+    grid = _value("image_grid_hw", INT64, ["num_images", 2])
+    graph = ir.Graph(
+        inputs=[pixels, grid], outputs=[], nodes=[], opset_imports={"": OPSET}, name="omni_vision"
+    )
+    features = module(GraphBuilder(graph).op, pixels, grid)
+    return _finish(
+        graph,
+        [(features, "image_features", dtype, ["num_image_tokens", config.text_hidden_size])],
+    )
+
+
+def build_video_graph(
+    config: OmniVisionConfig,
+    dtype: ir.DataType | Precision | str = FLOAT,
+    *,
+    ctx: BuildContext | None = None,
+) -> ir.Model:
+    """The video graph: same initializer names as the image graph, plus video_patch_projection."""
+    ctx = _context(dtype, ctx)
+    dtype = ctx.dtype
+    spec = config.radio
+    if spec.video_temporal_patch_size is None:
+        raise ValueError("the video graph needs vision_config.video_temporal_patch_size")
+    module = _module(config, ctx)
+    videos = _value(
+        "pixel_values_videos",
+        FLOAT,
+        [
+            "num_videos",
+            "num_tubelets",
+            spec.video_temporal_patch_size * spec.num_channels,
+            "height",
+            "width",
+        ],
+    )
+    graph = ir.Graph(
+        inputs=[videos], outputs=[], nodes=[], opset_imports={"": OPSET}, name="omni_video"
+    )
+    op = GraphBuilder(graph).op
+    op.builder.push_module("", type(module).__qualname__)
+    try:
+        features, mask = module.video(op, videos)
+    finally:
+        op.builder.pop_module()
+    return _finish(
+        graph,
+        [
+            (features, "video_features", dtype, ["num_video_tokens", config.text_hidden_size]),
+            (mask, "video_retention_mask", ir.DataType.BOOL, ["num_video_tokens"]),
+        ],
+    )
