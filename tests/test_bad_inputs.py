@@ -122,10 +122,10 @@ CASES = [
         mutate=lambda ck: edit_tensors(ck, extra),
     ),
     Case(
-        "quantized weight format",
-        ("quantized weight format", "quant_method='modelopt'", "BF16 release"),
+        "unsupported quantized weight format",
+        ("quantized weight format", "quant_method='gptq'", "BF16"),
         RouteError,
-        mutate=lambda ck: edit_config(ck, quantization_config={"quant_method": "modelopt"}),
+        mutate=lambda ck: edit_config(ck, quantization_config={"quant_method": "gptq"}),
     ),
     Case(
         "packed tensor without quantization_config",

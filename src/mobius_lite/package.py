@@ -58,7 +58,8 @@ class ModelPackage:
     source: TensorSource
     source_dir: Path | None = None
     provider: str = "cpu"
-    extra_files: list[Path] = field(default_factory=list)
+    # files copied into the package: name -> a source file, or bytes made from the source
+    extra_files: dict[str, Path | bytes] = field(default_factory=dict)
     # Source tensors bound in several graphs, with the roles of those graphs.
     shared: dict[str, list[str]] = field(default_factory=dict)
     # Facts recorded in the package manifest (e.g. {"source": {"model": id, "revision": sha}}).
@@ -141,7 +142,8 @@ class ModelPackage:
                 GENAI_CONFIG_FILE: json.dumps(self.genai_config(), indent=2).encode(),
                 CONFIG_FILE: json.dumps(self.config.to_dict(), indent=2).encode(),
             }
-            aux.update({extra.name: extra.read_bytes() for extra in self.extra_files})
+            for name, extra in self.extra_files.items():
+                aux[name] = extra.read_bytes() if isinstance(extra, Path) else extra
             for name, data in aux.items():
                 _write_new_file(stage / name, data)
             manifest = build_manifest(

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.components.context import Backend
 from mobius_lite.enums import Precision
 from mobius_lite.errors import RouteError
+from mobius_lite.formats.dense import Cast
 
 EXECUTION_PROVIDERS = ("cpu", "cuda")
 
@@ -58,31 +60,46 @@ def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str
     return precision, provider
 
 
-def check_weight_format(raw_config: Mapping[str, Any]) -> None:
-    """Refuse checkpoints stored in a quantized format this library does not export yet.
+def parse_backend(value: Any) -> Backend:
+    """--weights-backend standard | ort."""
+    try:
+        return Backend(str(getattr(value, "value", value)).lower())
+    except ValueError:
+        raise RouteError(
+            f"weights backend {value!r} is not supported; choose one of "
+            f"{', '.join(b.value for b in Backend)}"
+        ) from None
 
-    Casting packed FP8 / NVFP4 / INT4 bytes to dense floats would silently drop their scales,
-    so a config that declares quantization is rejected before any weight is fetched or read.
+
+def check_weight_format(raw_config: Mapping[str, Any], kind: str = "safetensors") -> None:
+    """Refuse checkpoints stored in a quantized format this library does not export.
+
+    Casting packed INT4 / GPTQ / AWQ bytes to dense floats would silently drop their scales,
+    so a config that declares such quantization is rejected before any weight is fetched or
+    read. ModelOpt checkpoints (kind "modelopt") export packed.
     """
     quant = raw_config.get("quantization_config")
-    if quant is None:
+    if quant is None or kind == "modelopt":  # ModelOpt formats export packed (sources/)
         return
     method = quant.get("quant_method", "unknown") if isinstance(quant, Mapping) else quant
     algo = quant.get("quant_algo") if isinstance(quant, Mapping) else None
     found = f"quant_method={method!r}" + (f", quant_algo={algo!r}" if algo else "")
     raise RouteError(
         f"config.json declares a quantized weight format ({found}); supported: dense "
-        f"{', '.join(DENSE_SOURCE_DTYPES)} safetensors. Export the BF16 release of this model "
-        "instead (e.g. the repository whose name ends in -BF16)."
+        f"{', '.join(DENSE_SOURCE_DTYPES)} safetensors, ModelOpt (NVFP4, FP8, MIXED_PRECISION) "
+        "and GGUF files. Export the BF16 or a ModelOpt release of this model instead (e.g. the "
+        "repository whose name ends in -BF16 or -NVFP4)."
     )
 
 
-def check_source_dtypes(bound: Iterable[tuple[str, np.dtype]]) -> None:
-    """Refuse any bound source tensor whose element type is not a dense float (e.g. FP8, int8)."""
+def check_source_dtypes(bindings: Iterable[Any]) -> None:
+    """Refuse bindings that would cast a non-float source to a float parameter (e.g. FP8 or
+    int8 bytes read as plain numbers): packed sources must be bound through their format."""
     bad = [
-        f"{name} ({np.dtype(dt).name})"
-        for name, dt in bound
-        if np.dtype(dt).name not in DENSE_SOURCE_DTYPES
+        f"{b.sources[0]} ({np.dtype(b.source_dtype).name})"
+        for b in bindings
+        if isinstance(b.conversion, Cast)
+        and np.dtype(b.source_dtype).name not in DENSE_SOURCE_DTYPES
     ]
     if bad:
         shown = ", ".join(bad[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else "")

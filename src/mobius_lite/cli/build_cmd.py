@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 from mobius_lite.build import SUPPORTED_TASKS, build
+from mobius_lite.components.context import Backend
 from mobius_lite.configs.loader import SUPPORTED_MODEL_TYPES
 from mobius_lite.enums import Precision
 from mobius_lite.genai_config import genai_limitations
@@ -70,9 +71,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         required=True,
-        metavar="ID_OR_DIR",
-        help="checkpoint directory (config.json + *.safetensors) or Hugging Face model id "
-        "(org/name)",
+        metavar="ID_OR_PATH",
+        help="checkpoint directory (config.json + *.safetensors), a llama.cpp .gguf file (or "
+        "the first part of a split set), or a Hugging Face model id (org/name)",
+    )
+    p.add_argument(
+        "--gguf-file",
+        metavar="NAME",
+        help="with a hub id: the GGUF file of that repository to export (e.g. model-Q4_K_M.gguf)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="CONFIG_JSON",
+        help="with a GGUF source: a config.json supplying the fields GGUF does not carry "
+        "(chunk_size, time_step_limit, ...); every field GGUF does carry is cross-checked",
     )
     p.add_argument(
         "--revision",
@@ -106,6 +118,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "genai_config.json (default: %(default)s)",
     )
     p.add_argument(
+        "--weights-backend",
+        default=Backend.STANDARD.value,
+        choices=[b.value for b in Backend],
+        help="how packed weights (GGUF blocks, NVFP4, FP8) compute: standard = standard ONNX "
+        "ops decoding the verbatim blocks (any provider), ort = onnxruntime's own packed-weight "
+        "ops where they exist (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="store packed weights as dense --dtype weights instead (never done unless asked)",
+    )
+    p.add_argument(
         "--shard-size",
         type=shard_size,
         default=DEFAULT_SHARD_SIZE,
@@ -134,7 +159,15 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
     check_destination(output, args.overwrite)  # before any download or read
     package = build(
-        args.model, dtype=args.dtype, revision=args.revision, ep=args.ep, task=args.task
+        args.model,
+        dtype=args.dtype,
+        revision=args.revision,
+        ep=args.ep,
+        task=args.task,
+        weights_backend=args.weights_backend,
+        dequantize=args.dequantize,
+        gguf_file=args.gguf_file,
+        config=args.config,
     )
     source = package.metadata.get("source", {})
     if not args.quiet:

@@ -1,16 +1,16 @@
 """The build context every weighted component takes, and weight slots whose format it decides.
 
-`BuildContext` carries the activation precision, the per-parameter weight formats (by
-checkpoint name; dense in the activation precision when absent) and the backend a format may
-emit for. Components declare weight slots (`WeightedModule.weight_slot`); after the module
-tree is built, `apply_weight_formats` gives each slot the format its full name maps to, so
-model code never mentions a format.
+`BuildContext` carries the activation precision, the weight formats (a resolver from a weight
+slot's checkpoint name and logical shape to its format; dense in the activation precision
+when it has none) and the backend a format may emit for. Components declare weight slots
+(`WeightedModule.weight_slot`); after the module tree is built, `apply_weight_formats` gives
+each slot the format its full name resolves to, so model code never mentions a format.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -26,14 +26,23 @@ class Backend(str, enum.Enum):
     ORT = "ort"  # onnxruntime's com.microsoft contrib ops where they fit
 
 
+# (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
+WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
+
+
 @dataclass(frozen=True)
 class BuildContext:
     dtype: ir.DataType
-    weight_formats: Mapping[str, WeightFormat] = field(default_factory=dict)
+    weight_formats: Mapping[str, WeightFormat] | WeightFormatResolver = field(default_factory=dict)
     backend: Backend = Backend.STANDARD
+    # Mamba's A as the source stores it: "A_log" (transformers) or "A" (= -exp(A_log), GGUF).
+    mamba_a: str = "A_log"
 
-    def weight_format(self, name: str) -> WeightFormat:
-        return self.weight_formats.get(name) or DenseWeight(self.dtype)
+    def weight_format(self, name: str, shape: tuple[int, ...]) -> WeightFormat | None:
+        """The format of weight slot `name`, or None when it stays dense."""
+        if callable(self.weight_formats):
+            return self.weight_formats(name, shape)
+        return self.weight_formats.get(name)
 
 
 class WeightedModule(nn.Module):
@@ -78,12 +87,13 @@ class WeightedModule(nn.Module):
 
 
 def apply_weight_formats(root: nn.Module, ctx: BuildContext) -> None:
-    """Give every weight slot under `root` the format its checkpoint name maps to."""
+    """Give every weight slot under `root` the format its checkpoint name resolves to."""
     if not ctx.weight_formats:
         return
     for prefix, module in root.named_modules():
         if isinstance(module, WeightedModule):
-            for attr in list(module._slots):
+            for attr, (shape, _, _) in list(module._slots.items()):
                 name = f"{prefix}.{attr}" if prefix else attr
-                if name in ctx.weight_formats:
-                    module.set_weight_format(attr, ctx.weight_formats[name])
+                fmt = ctx.weight_format(name, shape)
+                if fmt is not None:
+                    module.set_weight_format(attr, fmt)

@@ -47,7 +47,13 @@ class Mamba2Mixer(nn.Module):
         self.in_proj = Linear(hidden_size, s.in_proj_size, s.use_bias, ctx)
         self.conv1d = Conv1d(s.conv_dim, s.conv_kernel, s.use_conv_bias, dtype)
         self.dt_bias = nn.Parameter([s.num_heads], dtype=dtype)
-        self.A_log = nn.Parameter([s.num_heads], dtype=dtype)
+        # transformers stores A_log; GGUF stores A = -exp(A_log), used as stored (no log/exp
+        # round trip). The parameter keeps the source's meaning under its own name.
+        self.a_stored = ctx.mamba_a == "A"
+        if self.a_stored:
+            self.A = nn.Parameter([s.num_heads], dtype=dtype)
+        else:
+            self.A_log = nn.Parameter([s.num_heads], dtype=dtype)
         self.D = nn.Parameter([s.num_heads], dtype=dtype)
         self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, dtype)
         self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
@@ -121,7 +127,7 @@ class Mamba2Mixer(nn.Module):
                 op.Constant(value=ir.tensor(low, dtype=FLOAT)),
                 op.Constant(value=ir.tensor(min(high, 3.0e38), dtype=FLOAT)),
             )
-        a = op.Neg(op.Exp(to_float32(op, self.A_log)))
+        a = to_float32(op, self.A) if self.a_stored else op.Neg(op.Exp(to_float32(op, self.A_log)))
 
         b_heads = self._per_head(op, b)  # [rows, G, H/G, N]
         c_heads = self._per_head(op, c)

@@ -8,7 +8,12 @@ import onnx_ir as ir
 from onnx_ir.passes.common.naming import NameFixPass
 from onnxscript import GraphBuilder
 
-from mobius_lite.components.context import Backend, BuildContext, apply_weight_formats
+from mobius_lite.components.context import (
+    Backend,
+    BuildContext,
+    WeightFormatResolver,
+    apply_weight_formats,
+)
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Precision
 from mobius_lite.formats.weight import WeightFormat
@@ -31,8 +36,9 @@ def build_decoder(
     inputs_embeds: bool = False,
     hidden_state_outputs: bool = False,
     logits_from_embeddings: bool = False,
-    weight_formats: Mapping[str, WeightFormat] | None = None,
+    weight_formats: Mapping[str, WeightFormat] | WeightFormatResolver | None = None,
     backend: Backend = Backend.STANDARD,
+    mamba_a: str = "A_log",
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
@@ -41,12 +47,13 @@ def build_decoder(
     (per-layer block outputs in the model dtype, rows flattened to [batch * sequence, hidden]) for
     qualification; other outputs are unchanged. logits_from_embeddings: the logits weight is
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
-    source). weight_formats maps checkpoint weight names to their storage format (dense in
-    `precision` when absent).
+    source). weight_formats maps (or resolves) checkpoint weight names to their storage format
+    (dense in `precision` when absent); mamba_a says whether the source stores Mamba's A_log
+    (transformers) or A itself (GGUF).
     """
     precision = Precision.parse(precision)
     dtype = precision.ir_dtype
-    ctx = BuildContext(dtype, weight_formats or {}, backend)
+    ctx = BuildContext(dtype, weight_formats or {}, backend, mamba_a)
     module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
     apply_weight_formats(module, ctx)
 

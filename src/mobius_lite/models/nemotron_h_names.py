@@ -11,16 +11,21 @@ Parameter names are the released checkpoint names (`backbone.` prefix). The one 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.names import Candidate, NameMap, as_ref
 
 GRAPH_PREFIX = "backbone."
 SOURCE_PREFIXES = ("backbone.", "model.")
 EMBEDDING_WEIGHT = "backbone.embeddings.weight"
 LM_HEAD_WEIGHT = "lm_head.weight"
-# A stacked expert parameter of the graph: <prefix>.experts.{up_proj,down_proj}.
-STACKED_EXPERTS = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)$")
+# A stacked expert parameter of the graph: <prefix>.experts.{up_proj,down_proj}, plus the
+# companions a packed weight format adds beside it (e.g. up_proj_scale for NVFP4 scales).
+STACKED_EXPERTS = re.compile(
+    r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)(?P<suffix>_[a-z0-9_]+)?$"
+)
 MTP_TENSORS = r"^mtp\."
 
 
@@ -32,20 +37,22 @@ def source_candidates(name: str) -> list[str]:
     return [name]
 
 
-def expert_names(prefix: str, proj: str, experts: int) -> list[str]:
-    """The released per-expert tensor names of one stacked projection, in expert order."""
-    return [f"{prefix}.{e}.{proj}.weight" for e in range(experts)]
+def expert_names(prefix: str, proj: str, experts: int, suffix: str = "") -> list[str]:
+    """The released per-expert tensor names of one stacked projection (or of its companion
+    `weight<suffix>`, e.g. weight_scale), in expert order."""
+    return [f"{prefix}.{e}.{proj}.weight{suffix}" for e in range(experts)]
 
 
 class SafetensorsNames:
     """The NameMap of transformers / released safetensors checkpoints."""
 
-    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[tuple[str, ...]]:
+    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
         out: list[tuple[str, ...]] = [(c,) for c in source_candidates(target)]
         stacked = STACKED_EXPERTS.match(target)
         if stacked:
             for prefix in source_candidates(stacked["prefix"]):
-                out.append(tuple(expert_names(prefix, stacked["proj"], shape[0])))
+                names = expert_names(prefix, stacked["proj"], shape[0], stacked["suffix"] or "")
+                out.append(tuple(names))
         return out
 
 
@@ -61,11 +68,35 @@ def unused_tensor_rules(config: NemotronHConfig) -> dict[str, str]:
     return rules
 
 
-def logits_from_embeddings(config: NemotronHConfig, source_names: Iterable[str]) -> bool:
+def logits_from_embeddings(config: NemotronHConfig, lm_head_present: bool) -> bool:
     """Whether the logits weight is the embedding table: only for a tied config whose source
-    has no lm_head.weight (transformers computes logits with lm_head.weight whenever it is
-    there, whatever tie_word_embeddings says)."""
-    return config.tie_word_embeddings and LM_HEAD_WEIGHT not in set(source_names)
+    has no lm_head (transformers computes logits with lm_head.weight whenever it is there,
+    whatever tie_word_embeddings says)."""
+    return config.tie_word_embeddings and not lm_head_present
+
+
+@dataclass(frozen=True)
+class SourceLayout:
+    """How one kind of source names and stores this model's tensors."""
+
+    names: NameMap
+    mamba_a: str = "A_log"  # "A" when the source stores A = -exp(A_log) (GGUF)
+
+    def lm_head_present(self, source: TensorSource) -> bool:
+        available = set(source.names())
+        return any(
+            all(n in available for n in as_ref(c).names)
+            for c in self.names.alternatives(LM_HEAD_WEIGHT, ())
+        )
+
+
+def source_layout(kind: str, source: TensorSource) -> SourceLayout:
+    """The name map and conventions of a source kind (see sources/open.py)."""
+    if kind == "gguf":
+        from mobius_lite.models.nemotron_h_gguf import gguf_source_layout
+
+        return gguf_source_layout(source)
+    return SourceLayout(SafetensorsNames())
 
 
 def router_scope(layer: int) -> str:

@@ -1,13 +1,18 @@
 """open_checkpoint: one entry point from "what the user named" to config, tensors and files.
 
-Each source kind (a safetensors directory today; a .gguf file next) yields the raw config
-dict, a lazy TensorSource and the extra files a package carries (tokenizer, generation
-config). For hub ids only the small files are fetched until `fetch_weights` is called, so the
-config is validated before any large download.
+Each source kind yields the raw config dict, a lazy TensorSource (headers only) and the extra
+files a package carries (tokenizer, generation config):
+- "safetensors": a checkpoint directory (or hub id) of config.json + *.safetensors;
+- "gguf": a llama.cpp .gguf file or split set (sources/gguf_open.py);
+- "modelopt": a safetensors checkpoint quantized by NVIDIA ModelOpt (NVFP4 / FP8 / mixed),
+  whose tensors' storage says which are packed (sources/modelopt_open.py).
+For hub ids only the small files are fetched until `with_weights` is called, so the config is
+validated before any large download.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,28 +24,65 @@ from mobius_lite.sources.hub import ResolvedCheckpoint, fetch_weights, resolve_c
 from mobius_lite.sources.safetensors_files import SafetensorsCheckpoint
 
 SAFETENSORS = "safetensors"
+GGUF = "gguf"
+MODELOPT = "modelopt"
+GGUF_SUFFIX = ".gguf"
 
 
 @dataclass(frozen=True)
 class OpenedCheckpoint:
     """A checkpoint whose config is read; `tensors()` indexes its weights (headers only)."""
 
-    kind: str  # which name map applies: "safetensors" (also in-memory state dicts)
+    kind: str  # which name map and conventions apply (SAFETENSORS, GGUF)
     raw_config: dict[str, Any]
     resolved: ResolvedCheckpoint
-    extra_files: list[Path] = field(default_factory=list)
+    # files the package carries: name -> a file to copy, or bytes made from the source
+    extra_files: dict[str, Path | bytes] = field(default_factory=dict)
+    open_tensors: Callable[[Path], TensorSource] = SafetensorsCheckpoint
+    # source tensors the export deliberately does not use (name regex -> reason), beyond the
+    # model's own rules: e.g. ModelOpt's activation scales
+    unused_rules: dict[str, str] = field(default_factory=dict)
 
     def with_weights(self) -> OpenedCheckpoint:
         """The same checkpoint with its weight files present (hub: the same commit's)."""
         return replace(self, resolved=fetch_weights(self.resolved))
 
     def tensors(self) -> TensorSource:
-        return SafetensorsCheckpoint(self.resolved.path)
+        return self.open_tensors(self.resolved.path)
 
 
-def open_checkpoint(model: str | Path, revision: str | None = None) -> OpenedCheckpoint:
-    """A local checkpoint directory or a hub id (at its pin), config read, weights not yet."""
+def is_gguf(model: str | Path) -> bool:
+    return str(model).lower().endswith(GGUF_SUFFIX)
+
+
+def open_checkpoint(
+    model: str | Path,
+    revision: str | None = None,
+    *,
+    gguf_file: str | None = None,
+    config_json: str | Path | None = None,
+) -> OpenedCheckpoint:
+    """A local checkpoint directory, a .gguf file, or a hub id (at its pin): config read,
+    weights not yet. `gguf_file` picks one GGUF file of a hub repository; `config_json`
+    supplies the fields a GGUF file does not carry (cross-checked against its metadata)."""
+    if is_gguf(model) or gguf_file is not None:
+        from mobius_lite.sources.gguf_open import open_gguf
+
+        return open_gguf(model, revision, gguf_file=gguf_file, config_json=config_json)
     resolved = resolve_checkpoint(model, revision, weights=False)
     raw = read_config_json(resolved.path)
-    extras = [resolved.path / f for f in TOKENIZER_FILES if (resolved.path / f).is_file()]
-    return OpenedCheckpoint(SAFETENSORS, raw, resolved, extras)
+    extras = {f: resolved.path / f for f in TOKENIZER_FILES if (resolved.path / f).is_file()}
+    opened = OpenedCheckpoint(SAFETENSORS, raw, resolved, extras)
+    if is_modelopt(raw, resolved.path):
+        from mobius_lite.sources.modelopt_open import open_modelopt
+
+        return open_modelopt(opened)
+    return opened
+
+
+def is_modelopt(raw_config: dict[str, Any], directory: Path) -> bool:
+    """config.json's quantization_config says quant_method "modelopt", or the directory has
+    ModelOpt's hf_quant_config.json."""
+    quant = raw_config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return method == MODELOPT or (directory / "hf_quant_config.json").is_file()

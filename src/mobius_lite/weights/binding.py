@@ -10,9 +10,9 @@ anything else is one error raised before any data is read.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -21,23 +21,15 @@ from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.dense import dense
 from mobius_lite.formats.storage import Conversion
 from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
 MAX_LISTED = 20
-
-
-class NameMap(Protocol):
-    """Where a source may keep the data of one graph parameter."""
-
-    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[tuple[str, ...]]:
-        """Candidate source-name tuples, tried in order: one name is the tensor itself; several
-        are slices stacked along a new leading axis, in order."""
-        ...
 
 
 class ExactNames:
     """The NameMap of a source that uses the graph's own parameter names."""
 
-    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[tuple[str, ...]]:
+    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
         return [(target,)]
 
 
@@ -108,16 +100,16 @@ def plan_bindings(
 
     for target, (shape, dtype) in parameters.items():
         shape = tuple(shape)
-        for candidate in names.alternatives(target, shape):
-            present = [n for n in candidate if n in available]
+        for candidate in map(as_ref, names.alternatives(target, shape)):
+            present = [n for n in candidate.names if n in available]
             if not present:
                 continue
-            if len(present) != len(candidate):
-                absent = [n for n in candidate if n not in available]
+            if len(present) != len(candidate.names):
+                absent = [n for n in candidate.names if n not in available]
                 missing.append(f"{target} ({format_names(absent)} absent)")
                 break
             binding = _plan_one(target, candidate, shape, np.dtype(dtype), source, misshaped)
-            consumed.update(candidate)
+            consumed.update(candidate.names)
             if binding is not None:
                 bindings.append(binding)
             break
@@ -150,21 +142,32 @@ def plan_bindings(
     return BindingPlan(bindings=bindings, unused=unused)
 
 
+def _same_shape(stored: tuple[int, ...], expected: tuple[int, ...], reshape: bool) -> bool:
+    if reshape:
+        return int(np.prod(stored, dtype=np.int64)) == int(np.prod(expected, dtype=np.int64))
+    return stored == expected
+
+
 def _plan_one(
     target: str,
-    names: tuple[str, ...],
+    ref: SourceRef,
     shape: tuple[int, ...],
     dtype: np.dtype,
     source: TensorSource,
     misshaped: list[str],
 ) -> Binding | None:
+    names = ref.names
     stacked = len(names) > 1
     expected = shape[1:] if stacked else shape
     if stacked and shape[0] != len(names):
         misshaped.append(f"{target}: {len(names)} slices for a leading axis of {shape[0]}")
         return None
     infos = [source.info(n) for n in names]
-    bad = [f"{i.name}: checkpoint {list(i.shape)}" for i in infos if i.shape != expected]
+    bad = [
+        f"{i.name}: checkpoint {list(i.shape)}"
+        for i in infos
+        if not _same_shape(i.shape, expected, ref.reshape)
+    ]
     if bad:
         misshaped.extend(f"{b}, expected {list(expected)}" for b in bad)
         return None
@@ -174,7 +177,29 @@ def _plan_one(
         return None
     storage = storages.pop()
     conversion = storage.conversion_to(dense(dtype))
+    if ref.layout is not None:
+        conversion = ref.layout(conversion, infos[0])
     return Binding(target, names, conversion, stacked, infos[0].dtype, dtype, shape)
+
+
+def source_weight_formats(
+    source: TensorSource, names: NameMap, dtype: Any, backend: Any
+) -> Callable[[str, tuple[int, ...]], Any]:
+    """A weight-format resolver (see components.context): a weight slot takes the format its
+    source tensor's storage proposes (`storage.weight_format(dtype, backend, shape, stacked)`;
+    dense storage proposes none, so the slot stays dense)."""
+    available = set(source.names())
+
+    def resolve(name: str, shape: tuple[int, ...]) -> Any:
+        for ref in map(as_ref, names.alternatives(name, shape)):
+            if all(n in available for n in ref.names):
+                propose = getattr(source.info(ref.names[0]).storage, "weight_format", None)
+                return (
+                    None if propose is None else propose(dtype, backend, shape, len(ref.names) > 1)
+                )
+        return None
+
+    return resolve
 
 
 # --------------------------------------------------------------------------- lazy data
