@@ -93,8 +93,20 @@ def vision_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
     }
 
 
+def fuse_qkv(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers' q_proj / k_proj / v_proj rows concatenated into the graph's fused qkv (the
+    released checkpoint's attn.qkv layout), the three chunks removed."""
+    fused = dict(state)
+    for name in [n for n in state if ".attention.q_proj." in n]:
+        parts = [name.replace(".q_proj.", f".{p}.") for p in ("q_proj", "k_proj", "v_proj")]
+        fused[name.replace(".q_proj.", ".qkv.")] = np.concatenate([fused.pop(p) for p in parts])
+    return fused
+
+
 def bind(model: ir.Model, state: dict[str, np.ndarray]) -> set[str]:
-    """Give every initializer its state-dict tensor (same name); returns the names left over."""
+    """Give every initializer its state-dict tensor (same name; q/k/v fused into qkv); returns
+    the names left over."""
+    state = fuse_qkv(state)
     missing = [n for n in model.graph.initializers if n not in state]
     if missing:
         raise KeyError(f"initializers without a state-dict tensor: {missing}")

@@ -13,21 +13,59 @@ from typing import Any
 from mobius_lite.components.context import Backend
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.loader import load_text_config
+from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import Precision
 from mobius_lite.errors import ConfigError
-from mobius_lite.package import ModelPackage
+from mobius_lite.package import GraphRecord, ModelPackage
 from mobius_lite.routes import check_route, check_weight_format, parse_backend
 from mobius_lite.sources import MemorySource
+from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.open import SAFETENSORS, open_checkpoint
-from mobius_lite.tasks import SUPPORTED_TASKS, TASKS
+from mobius_lite.tasks import (
+    IMAGE_TEXT_TO_TEXT,
+    SUPPORTED_TASKS,
+    TEXT_GENERATION,
+    omni_graphs,
+    text_generation_graphs,
+)
 
 
-def check_task(task: str) -> str:
+def check_task(task: str | None, model_type: str | None = None) -> str:
+    """The task to export: the one asked for, checked against the model type, or the model
+    type's own (text-generation for Nemotron-H and Puzzle, image-text-to-text for Omni)."""
+    default = IMAGE_TEXT_TO_TEXT if model_type == OMNI_MODEL_TYPE else TEXT_GENERATION
+    if task is None:
+        return default
     if task not in SUPPORTED_TASKS:
         raise ConfigError(
             f"task {task!r} is not supported; choose one of {', '.join(SUPPORTED_TASKS)}"
         )
+    if model_type is not None and task != default:
+        raise ConfigError(
+            f"task {task!r} does not fit model_type {model_type!r}; its task is {default!r} "
+            "(leave --task out to use it)"
+        )
     return task
+
+
+def package_graphs(
+    raw_config: dict[str, Any],
+    source: TensorSource,
+    kind: str,
+    precision: Precision,
+    backend: Backend = Backend.STANDARD,
+    dequantize: bool = False,
+    unused_rules: dict[str, str] | None = None,
+) -> tuple[NemotronHConfig, list[GraphRecord], dict[str, list[str]], dict[str, Any] | None]:
+    """(decoder config, graphs, shared tensors, config.json to write) for a checkpoint."""
+    if raw_config.get("model_type") == OMNI_MODEL_TYPE:
+        omni = omni_graphs(raw_config, source, kind, precision, backend, dequantize, unused_rules)
+        return omni.config.text, omni.graphs, omni.shared, omni.config.raw
+    text_config = load_text_config(raw_config)
+    graphs, shared = text_generation_graphs(
+        text_config, source, kind, precision, backend, dequantize, unused_rules
+    )
+    return text_config, graphs, shared, None
 
 
 def build(
@@ -35,7 +73,7 @@ def build(
     dtype: Precision | str = Precision.F32,
     revision: str | None = None,
     ep: str = "cpu",
-    task: str = "text-generation",
+    task: str | None = None,
     *,
     weights_backend: Backend | str = Backend.STANDARD,
     dequantize: bool = False,
@@ -43,7 +81,8 @@ def build(
     config: str | Path | None = None,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
-    see registry; `gguf_file` picks one GGUF file of a hub repository).
+    see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
+    export as several graphs (task image-text-to-text, see tasks/omni.py).
 
     Packed weights (GGUF blocks, ModelOpt NVFP4 / FP8) stay packed and compute on
     `weights_backend` ("standard": standard ONNX ops; "ort": onnxruntime's own ops); with
@@ -52,16 +91,27 @@ def build(
     read here; tensor data is streamed by ModelPackage.save. The resolved commit is
     recorded in metadata["source"].
     """
-    check_task(task)
+    if task is not None:
+        check_task(task)
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
-    text_config = load_text_config(opened.raw_config)
+    check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, opened.kind)
+    if opened.raw_config.get("model_type") == OMNI_MODEL_TYPE:
+        OmniConfig.from_dict(opened.raw_config)  # config errors before any weight download
+    else:
+        load_text_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
-    graphs, shared = TASKS[task](
-        text_config, source, opened.kind, precision, backend, dequantize, opened.unused_rules
+    text_config, graphs, shared, config_json = package_graphs(
+        opened.raw_config,
+        source,
+        opened.kind,
+        precision,
+        backend,
+        dequantize,
+        opened.unused_rules,
     )
     return ModelPackage(
         config=text_config,
@@ -71,6 +121,7 @@ def build(
         source_dir=opened.resolved.path,
         provider=provider,
         extra_files=opened.extra_files,
+        config_json=config_json,
         shared=shared,
         metadata={"source": opened.resolved.source_record()},
     )
@@ -79,25 +130,25 @@ def build(
 def build_from_module(
     module: Any,
     config: Any = None,
-    task: str = "text-generation",
+    task: str | None = None,
     dtype: Precision | str = Precision.F32,
     ep: str = "cpu",
 ) -> ModelPackage:
-    """Export an in-memory transformers NemotronHForCausalLM (its state dict is the source)."""
-    check_task(task)
+    """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its state dict
+    is the source."""
     precision, provider = check_route(dtype, ep)
     raw = config if config is not None else module.config
-    if isinstance(raw, NemotronHConfig):
-        parsed = raw
-    else:
-        parsed = NemotronHConfig.from_dict(raw if isinstance(raw, dict) else raw.to_dict())
+    if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
+        raw = raw.to_dict()
+    check_task(task, raw.get("model_type"))
     source = MemorySource(module.state_dict())
-    graphs, shared = TASKS[task](parsed, source, SAFETENSORS, precision)
+    text_config, graphs, shared, config_json = package_graphs(raw, source, SAFETENSORS, precision)
     return ModelPackage(
-        config=parsed,
+        config=text_config,
         precision=precision,
         graphs=graphs,
         source=source,
         provider=provider,
+        config_json=config_json,
         shared=shared,
     )

@@ -52,6 +52,7 @@ class GraphRole(str, enum.Enum):
     DECODER = "decoder"
     EMBEDDING = "embedding"
     VISION_ENCODER = "vision_encoder"
+    VIDEO_ENCODER = "video_encoder"
     AUDIO_ENCODER = "audio_encoder"
 
     @property

@@ -7,7 +7,8 @@ from mobius_lite.enums import GraphRole
 MANIFEST_FILE = "manifest.json"
 GENAI_CONFIG_FILE = "genai_config.json"
 CONFIG_FILE = "config.json"
-# Checkpoint files copied into the package unchanged when the source has them.
+# Checkpoint files copied into the package unchanged when the source has them: tokenizer,
+# generation and (Omni) processor configuration.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -15,6 +16,9 @@ TOKENIZER_FILES = (
     "tokenizer.model",
     "generation_config.json",
     "chat_template.jinja",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 DECODER_FILE = GraphRole.DECODER.file_name
 GRAPH_FILES = tuple(role.file_name for role in GraphRole)

@@ -60,6 +60,9 @@ class ModelPackage:
     provider: str = "cpu"
     # files copied into the package: name -> a source file, or bytes made from the source
     extra_files: dict[str, Path | bytes] = field(default_factory=dict)
+    # What config.json holds (default: the decoder config); an Omni package keeps the full
+    # Omni config, which its host runtime reads.
+    config_json: dict[str, Any] | None = None
     # Source tensors bound in several graphs, with the roles of those graphs.
     shared: dict[str, list[str]] = field(default_factory=dict)
     # Facts recorded in the package manifest (e.g. {"source": {"model": id, "revision": sha}}).
@@ -140,7 +143,9 @@ class ModelPackage:
                 )
             aux = {
                 GENAI_CONFIG_FILE: json.dumps(self.genai_config(), indent=2).encode(),
-                CONFIG_FILE: json.dumps(self.config.to_dict(), indent=2).encode(),
+                CONFIG_FILE: json.dumps(
+                    self.config_json or self.config.to_dict(), indent=2
+                ).encode(),
             }
             for name, extra in self.extra_files.items():
                 aux[name] = extra.read_bytes() if isinstance(extra, Path) else extra

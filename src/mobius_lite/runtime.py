@@ -79,24 +79,30 @@ class DecoderSession:
         self.mask = np.zeros((batch, 0), dtype=np.int64)
 
     def step(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None
+        self, tokens: np.ndarray, attention_mask: np.ndarray | None = None
     ) -> dict[str, np.ndarray]:
-        """Run one call; attention_mask covers only the new tokens (default all ones).
+        """Run one call on input_ids [batch, new] (int) or, for a decoder that takes them,
+        inputs_embeds [batch, new, hidden] (float); attention_mask covers only the new tokens
+        (default all ones).
 
         The full past + current mask is passed, as the I/O contract requires. Returns every
         output by name and keeps the presents as the next past.
         """
-        input_ids = np.asarray(input_ids, dtype=np.int64)
+        tokens = np.asarray(tokens)
+        embeds = np.issubdtype(tokens.dtype, np.floating) or tokens.ndim == 3
+        if not embeds:
+            tokens = tokens.astype(np.int64)
         if self.mask is None:
-            self.reset(input_ids.shape[0])
+            self.reset(tokens.shape[0])
         new_mask = (
-            np.ones(input_ids.shape, dtype=np.int64)
+            np.ones(tokens.shape[:2], dtype=np.int64)
             if attention_mask is None
             else np.asarray(attention_mask, dtype=np.int64)
         )
         assert self.mask is not None
         self.mask = np.concatenate([self.mask, new_mask], axis=1)
-        feeds = {"input_ids": input_ids, "attention_mask": self.mask, **self.past}
+        name = "inputs_embeds" if embeds else "input_ids"
+        feeds = {name: tokens, "attention_mask": self.mask, **self.past}
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results

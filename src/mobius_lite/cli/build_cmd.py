@@ -10,6 +10,7 @@ from pathlib import Path
 from mobius_lite.build import SUPPORTED_TASKS, build
 from mobius_lite.components.context import Backend
 from mobius_lite.configs.loader import SUPPORTED_MODEL_TYPES
+from mobius_lite.configs.omni import OMNI_MODEL_TYPE
 from mobius_lite.enums import Precision
 from mobius_lite.genai_config import genai_limitations
 from mobius_lite.registry import KNOWN_MODELS
@@ -45,7 +46,7 @@ EPILOG = textwrap.dedent(
 ) + "\n".join(
     f"  {m.model_id:<52} {m.revision[:12]}  {m.family}"
     for m in KNOWN_MODELS
-    if m.family in SUPPORTED_MODEL_TYPES  # pinned ones of other families do not build yet
+    if m.family in (*SUPPORTED_MODEL_TYPES, OMNI_MODEL_TYPE)
 )
 
 
@@ -100,9 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--task",
-        default=SUPPORTED_TASKS[0],
         choices=SUPPORTED_TASKS,
-        help="graph to export (default: %(default)s: decoder with logits and cache I/O)",
+        help="what to export (default: the model type's own: text-generation, the decoder with "
+        "logits and cache I/O, for Nemotron-H and Puzzle; image-text-to-text, the Omni graphs, "
+        "for nemotron_h_omni)",
     )
     p.add_argument(
         "--dtype",

@@ -34,5 +34,8 @@ class Embedding(WeightedModule):
         return self.select(op, "weight", ids)
 
     def logits(self, op: OpBuilder, hidden: ir.Value) -> ir.Value:
-        """hidden [rows, embedding_dim] @ table^T: the tied lm_head."""
+        """hidden [rows, embedding_dim] @ table^T: the tied lm_head (also when the table is
+        not otherwise used, as in a decoder that takes inputs_embeds)."""
+        for parameter in self._parameters.values():
+            parameter._realize(op.builder)  # idempotent; __call__ is not what reaches here
         return self.matmul(op, "weight", hidden)

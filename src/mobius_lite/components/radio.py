@@ -7,8 +7,10 @@ say which rows attend to each other: PackedGrids (images of different sizes conc
 attending only to itself, one Loop iteration per image) and UniformGrid (a dense batch of
 same-size frames, one batched Attention). The node count never depends on the number of images.
 
-Not modelled: the input conditioner (Omni detaches it; the processor normalises pixels) and
-LayerScale (C-RADIO has none; transformers fills lambda1 with layerscale_value = 1.0).
+Not modelled: the input conditioner (Omni detaches it; the processor normalises pixels).
+LayerScale (layer_scale{1,2}.lambda1) is applied exactly when the checkpoint holds it: released
+C-RADIO checkpoints have none (transformers then fills lambda1 with layerscale_value), while
+transformers' save_pretrained writes it; the task sets `layer_scale` from the checkpoint.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class RadioSpec:
     max_grid: int  # position-table side: max_img_size // patch_size
     num_prefix_tokens: int  # cls + register tokens before each image's patches
     video_temporal_patch_size: int | None
+    layer_scale: bool = False  # the checkpoint holds layer_scale{1,2}.lambda1
 
     @property
     def head_dim(self) -> int:
@@ -75,10 +78,6 @@ class RadioSpec:
             raise ValueError(f"vision_config.hidden_act={act!r} is not supported")
         if hidden % heads:
             raise ValueError("vision_config.hidden_size must be a multiple of num_attention_heads")
-        if float(config.get("layerscale_value", 1.0)) != 1.0:
-            raise ValueError(
-                "vision_config.layerscale_value must be 1.0 (C-RADIO has no LayerScale)"
-            )
         patch = int(config.get("patch_size", 16))
         temporal = config.get("video_temporal_patch_size", default_temporal_patch_size)
         return cls(
@@ -304,9 +303,9 @@ class RadioAttention(nn.Module):
         super().__init__()
         self.spec = spec
         d = spec.hidden_size
-        self.q_proj = Linear(d, d, spec.qkv_bias, ctx)
-        self.k_proj = Linear(d, d, spec.qkv_bias, ctx)
-        self.v_proj = Linear(d, d, spec.qkv_bias, ctx)
+        # One fused projection, as released C-RADIO checkpoints store it (attn.qkv: q, k, v
+        # rows concatenated); transformers' q_proj / k_proj / v_proj are its three chunks.
+        self.qkv = Linear(d, 3 * d, spec.qkv_bias, ctx)
         self.o_proj = Linear(d, d, True, ctx)
 
     def _attend(self, op: OpBuilder, q: ir.Value, k: ir.Value, v: ir.Value) -> ir.Value:
@@ -324,7 +323,7 @@ class RadioAttention(nn.Module):
 
     def forward(self, op: OpBuilder, x: ir.Value, grids: PackedGrids | UniformGrid) -> ir.Value:
         d = self.spec.hidden_size
-        q, k, v = self.q_proj(op, x), self.k_proj(op, x), self.v_proj(op, x)
+        q, k, v = op.Split(self.qkv(op, x), ints(op, d, d, d), axis=-1, _outputs=3)
         if isinstance(grids, UniformGrid):
             batched = op.Concat(grids.count, grids.seq_length, ints(op, d), axis=0)
             y = self._attend(op, *(op.Reshape(t, batched) for t in (q, k, v)))
@@ -370,8 +369,19 @@ class RadioSwiGLUFFN(nn.Module):
         return self.down_proj(op, op.Mul(op.Mul(gate, op.Sigmoid(gate)), self.up_proj(op, x)))
 
 
+class RadioLayerScale(nn.Module):
+    """x * lambda1, per channel."""
+
+    def __init__(self, hidden_size: int, dtype: ir.DataType) -> None:
+        super().__init__()
+        self.lambda1 = nn.Parameter([hidden_size], dtype=dtype)
+
+    def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        return op.Mul(x, self.lambda1)
+
+
 class RadioLayer(nn.Module):
-    """Pre-norm ViT block: x + attn(norm1(x)), then + mlp(norm2(x))."""
+    """Pre-norm ViT block: x + ls1(attn(norm1(x))), then + ls2(mlp(norm2(x)))."""
 
     def __init__(self, spec: RadioSpec, ctx: BuildContext) -> None:
         super().__init__()
@@ -379,10 +389,19 @@ class RadioLayer(nn.Module):
         self.attention = RadioAttention(spec, ctx)
         self.norm2 = LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx.dtype)
         self.mlp = RadioSwiGLUFFN(spec, ctx) if spec.use_swiglu_ffn else RadioMLP(spec, ctx)
+        scale = spec.layer_scale
+        self.layer_scale1 = RadioLayerScale(spec.hidden_size, ctx.dtype) if scale else None
+        self.layer_scale2 = RadioLayerScale(spec.hidden_size, ctx.dtype) if scale else None
 
     def forward(self, op: OpBuilder, x: ir.Value, grids: PackedGrids | UniformGrid) -> ir.Value:
-        x = op.Add(x, self.attention(op, self.norm1(op, x), grids))
-        return op.Add(x, self.mlp(op, self.norm2(op, x)))
+        attended = self.attention(op, self.norm1(op, x), grids)
+        if self.layer_scale1 is not None:
+            attended = self.layer_scale1(op, attended)
+        x = op.Add(x, attended)
+        mixed = self.mlp(op, self.norm2(op, x))
+        if self.layer_scale2 is not None:
+            mixed = self.layer_scale2(op, mixed)
+        return op.Add(x, mixed)
 
 
 class RadioEncoder(nn.Module):

@@ -1,8 +1,12 @@
-"""The embedding graph: input_ids -> inputs_embeds, over the decoder's own embedding table.
+"""The embedding graph: input_ids (+ media features) -> inputs_embeds, over the decoder's own
+embedding table.
 
-A runtime that feeds a decoder built with inputs_embeds=True chains this graph before it (the
-Omni package scatters media features into these embeddings). The table is the same source
-tensor as the decoder's: a package holding both declares it shared and writes it once.
+A runtime that feeds a decoder built with inputs_embeds=True chains this graph before it. In
+the Omni package each media input (image_features, audio_features: [n, hidden], 0 rows when
+there is none) is scattered into the positions of its placeholder token, in row-major order,
+as transformers' masked_scatter does. The host checks that the placeholder count equals the
+feature rows before it runs the graph. The table is the decoder's source tensor too: a package
+whose decoder also reads it (tied logits) declares it shared and writes it once.
 """
 
 from __future__ import annotations
@@ -35,21 +39,44 @@ class _EmbeddingModel(nn.Module):
         super().__init__()
         self.backbone = _Backbone(config, ctx)
 
-    def forward(self, op: OpBuilder, input_ids: ir.Value) -> ir.Value:
-        return self.backbone(op, input_ids)
+    def forward(
+        self, op: OpBuilder, input_ids: ir.Value, media: list[tuple[ir.Value, int]]
+    ) -> ir.Value:
+        embeds = self.backbone(op, input_ids)
+        if not media:
+            return embeds
+        hidden = op.Constant(value_ints=[-1, self.backbone.embeddings.weight.shape[1]])
+        flat_ids = op.Reshape(input_ids, op.Constant(value_ints=[-1]))
+        flat = op.Reshape(embeds, hidden)
+        for features, token in media:
+            token_id = op.Constant(value=ir.tensor(token, dtype=ir.DataType.INT64))
+            positions = op.Transpose(op.NonZero(op.Equal(flat_ids, token_id)))  # [n, 1]
+            flat = op.ScatterND(flat, positions, op.CastLike(features, flat))
+        return op.Reshape(flat, op.Shape(embeds))
 
 
 def build_embedding_graph(
-    config: NemotronHConfig, precision: Precision | str = Precision.F32
+    config: NemotronHConfig,
+    precision: Precision | str = Precision.F32,
+    media: dict[str, int] | None = None,
 ) -> ir.Model:
-    """input_ids int64 [batch, sequence] -> inputs_embeds [batch, sequence, hidden]."""
+    """input_ids int64 [batch, sequence] (+ one [n, hidden] input per entry of `media`:
+    input name -> placeholder token id) -> inputs_embeds [batch, sequence, hidden]."""
     precision = Precision.parse(precision)
     module = _EmbeddingModel(config, BuildContext(precision.ir_dtype))
     ids = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
+    features = [
+        (graph_value(name, precision.ir_dtype, (f"{name}_rows", config.hidden_size)), token)
+        for name, token in (media or {}).items()
+    ]
     graph = ir.Graph(
-        inputs=[ids], outputs=[], nodes=[], opset_imports={"": OPSET}, name="embedding"
+        inputs=[ids, *(f for f, _ in features)],
+        outputs=[],
+        nodes=[],
+        opset_imports={"": OPSET},
+        name="embedding",
     )
-    embeds = module(GraphBuilder(graph).op, ids)
+    embeds = module(GraphBuilder(graph).op, ids, features)
     embeds.name = "inputs_embeds"
     embeds.type = ir.TensorType(precision.ir_dtype)
     embeds.shape = ir.Shape([BATCH, "sequence", config.hidden_size])

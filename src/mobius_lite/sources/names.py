@@ -17,12 +17,14 @@ from mobius_lite.sources.base import TensorInfo
 @dataclass(frozen=True)
 class SourceRef:
     """Where one parameter's data may be: one tensor, or slices stacked along a new leading
-    axis, in order; optionally stored in another row-major shape (`reshape`: same elements,
-    bytes unchanged) or in another order that a lossless re-layout undoes (`layout` wraps the
-    storage's conversion, e.g. a row permutation)."""
+    axis (with `concat`: concatenated along the existing one), in order. Optionally stored in
+    another row-major shape (`reshape`: same elements, bytes unchanged) or in another order
+    that a lossless re-layout undoes (`layout` wraps the storage's conversion, e.g. a row
+    permutation)."""
 
     names: tuple[str, ...]
     reshape: bool = False
+    concat: bool = False  # several names: slices concatenated along the existing leading axis
     layout: Callable[[Conversion, TensorInfo], Conversion] | None = None
 
 

@@ -1,9 +1,14 @@
 """Tasks: which graphs a model type exports, and how each is bound to the checkpoint."""
 
+from mobius_lite.tasks.omni import IMAGE_TEXT_TO_TEXT, omni_graphs
 from mobius_lite.tasks.text_generation import TEXT_GENERATION, text_generation_graphs
 
-# task name -> graph builder (config, source, source kind, precision) -> (graphs, shared)
-TASKS = {TEXT_GENERATION: text_generation_graphs}
-SUPPORTED_TASKS = tuple(TASKS)
+SUPPORTED_TASKS = (TEXT_GENERATION, IMAGE_TEXT_TO_TEXT)
 
-__all__ = ["SUPPORTED_TASKS", "TASKS", "text_generation_graphs"]
+__all__ = [
+    "IMAGE_TEXT_TO_TEXT",
+    "SUPPORTED_TASKS",
+    "TEXT_GENERATION",
+    "omni_graphs",
+    "text_generation_graphs",
+]

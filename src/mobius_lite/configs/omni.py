@@ -1,0 +1,84 @@
+"""The Nemotron-H Omni config (transformers 5.x `nemotron_h_omni`; released legacy names too):
+the decoder's text config, the placeholder token ids and the raw tower configs.
+
+The towers' own specs are resolved by their modules (components/radio.py, parakeet.py); this
+module resolves what the package and the host runtime need, raising ConfigError early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mobius_lite.configs.loader import load_text_config
+from mobius_lite.configs.nemotron_h import NemotronHConfig
+from mobius_lite.configs.puzzle import PUZZLE_MODEL_TYPE
+from mobius_lite.errors import ConfigError
+
+OMNI_MODEL_TYPE = "nemotron_h_omni"
+# released name -> transformers 5.x name
+LEGACY_FIELDS = {
+    "img_context_token_id": "image_token_id",
+    "video_context_token_id": "video_token_id",
+    "sound_context_token_id": "audio_token_id",
+    "llm_config": "text_config",
+    "sound_config": "audio_config",
+    "vit_hidden_size": "vision_hidden_size",
+}
+
+
+def modern_omni_dict(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with legacy field names renamed (a modern name given too wins)."""
+    out = dict(raw)
+    for legacy, name in LEGACY_FIELDS.items():
+        if legacy in out:
+            value = out.pop(legacy)
+            out.setdefault(name, value)
+    return out
+
+
+@dataclass(frozen=True)
+class OmniConfig:
+    """What the Omni package needs beyond the towers' own configs."""
+
+    raw: dict[str, Any]  # modern field names
+    text: NemotronHConfig
+    image_token_id: int
+    video_token_id: int | None
+    audio_token_id: int | None
+
+    @property
+    def has_audio(self) -> bool:
+        return self.raw.get("audio_config") is not None
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OmniConfig:
+        config = modern_omni_dict(raw)
+        if config.get("model_type") != OMNI_MODEL_TYPE:
+            raise ConfigError(f"model_type {config.get('model_type')!r} is not {OMNI_MODEL_TYPE!r}")
+        text_raw = config.get("text_config")
+        if not isinstance(text_raw, Mapping):
+            raise ConfigError("text_config (llm_config) is missing from the Omni config.json")
+        text_raw = dict(text_raw)
+        if "model_type" not in text_raw:
+            text_raw["model_type"] = (
+                PUZZLE_MODEL_TYPE if "block_configs" in text_raw else "nemotron_h"
+            )
+        if not isinstance(config.get("vision_config"), Mapping):
+            raise ConfigError("vision_config is missing from the Omni config.json")
+        image = config.get("image_token_id")
+        if not isinstance(image, int):
+            raise ConfigError(
+                f"image_token_id (img_context_token_id) must be a token id, found {image!r}"
+            )
+        audio = config.get("audio_token_id")
+        if config.get("audio_config") is not None and not isinstance(audio, int):
+            raise ConfigError("audio_config is present but audio_token_id is not a token id")
+        text = load_text_config(text_raw)
+        for name, token in (("image_token_id", image), ("audio_token_id", audio)):
+            if token is not None and not 0 <= token < text.vocab_size:
+                raise ConfigError(
+                    f"{name} {token} is outside the vocabulary [0, {text.vocab_size})"
+                )
+        return cls(config, text, image, config.get("video_token_id"), audio)

@@ -1,0 +1,194 @@
+"""Run an Omni package: the media encoders, the embedding graph and the decoder, chained.
+
+OmniSession does on the host what transformers' NemotronH_Omni forward does around its
+modules: placeholder accounting (the number of placeholder tokens must equal the number of
+feature rows of that modality, checked before anything runs), efficient video sampling (the
+video graph's retention mask drops pruned placeholder positions from input_ids, embeddings and
+attention mask alike, so the decoder sees the shorter sequence), the decoder cache, and greedy
+decoding (cached steps have no media: the embedding graph gets 0-row features).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mobius_lite.configs.omni import OmniConfig
+from mobius_lite.enums import GraphRole
+from mobius_lite.errors import MobiusError
+from mobius_lite.layout import CONFIG_FILE
+from mobius_lite.runtime import CPU, DecoderSession
+from mobius_lite.sources.config_json import read_config_json
+
+IMAGE_FEATURES = "image_features"
+AUDIO_FEATURES = "audio_features"
+
+
+class PlaceholderError(MobiusError, ValueError):
+    """The prompt's placeholder tokens and the media's feature rows do not match."""
+
+
+@dataclass
+class Media:
+    """What the processors produce for one prompt (any of them may be absent).
+
+    images: pixel_values [total_patches, 3 * p * p] and image_grid_hw [num_images, 2];
+    video: pixel_values_videos [1, num_tubelets, 2 * 3, H, W];
+    audio: input_features [clips, frames, mel] and input_features_mask [clips, frames].
+    """
+
+    pixel_values: np.ndarray | None = None
+    image_grid_hw: np.ndarray | None = None
+    pixel_values_videos: np.ndarray | None = None
+    input_features: np.ndarray | None = None
+    input_features_mask: np.ndarray | None = None
+
+
+@dataclass
+class Prepared:
+    """The prompt after media: the ids the decoder sees, their embeddings, and evidence."""
+
+    input_ids: np.ndarray
+    inputs_embeds: np.ndarray
+    features: dict[str, np.ndarray] = field(default_factory=dict)
+    video_retention_mask: np.ndarray | None = None
+
+
+class OmniSession:
+    """onnxruntime sessions over an Omni package's graphs."""
+
+    def __init__(self, package_dir: str | Path, providers: list[str] | None = None) -> None:
+        import onnxruntime as ort
+
+        self.directory = Path(package_dir)
+        self.config = OmniConfig.from_dict(read_config_json(self.directory / CONFIG_FILE))
+        self.providers = providers or [CPU]
+        self._sessions: dict[GraphRole, Any] = {}
+        self._ort = ort
+        self.decoder = DecoderSession(
+            self.directory / GraphRole.DECODER.file_name, self.config.text, providers=self.providers
+        )
+        self.hidden = self.config.text.hidden_size
+        self.dtype = self._graph(GraphRole.EMBEDDING).get_outputs()[0].type
+        self.embedding_inputs = {i.name for i in self._graph(GraphRole.EMBEDDING).get_inputs()}
+
+    def _graph(self, role: GraphRole) -> Any:
+        if role not in self._sessions:
+            path = self.directory / role.file_name
+            if not path.is_file():
+                raise MobiusError(f"{self.directory} has no {role.file_name}")
+            self._sessions[role] = self._ort.InferenceSession(str(path), providers=self.providers)
+        return self._sessions[role]
+
+    def _run(self, role: GraphRole, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self._graph(role).run(None, feeds)
+
+    def _empty(self) -> np.ndarray:
+        dtype = np.float16 if "float16" in self.dtype else np.float32
+        return np.zeros((0, self.hidden), dtype=dtype)
+
+    def prepare(self, input_ids: np.ndarray, media: Media | None = None) -> Prepared:
+        """Encode the media, apply efficient video sampling and merge into embeddings."""
+        media = media or Media()
+        ids = np.asarray(input_ids, dtype=np.int64)
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise PlaceholderError(
+                f"input_ids must be [1, sequence] (one prompt with media), found {ids.shape}"
+            )
+        features = {IMAGE_FEATURES: self._empty(), AUDIO_FEATURES: self._empty()}
+        keep = None
+        image_token = self.config.image_token_id
+        if media.pixel_values is not None and media.pixel_values_videos is not None:
+            raise PlaceholderError(
+                "a prompt holds images or a video, not both: their placeholders share the "
+                f"image token {image_token} (as in transformers)"
+            )
+        if media.pixel_values is not None:
+            if media.image_grid_hw is None:
+                raise PlaceholderError("pixel_values given without image_grid_hw")
+            grid = np.asarray(media.image_grid_hw, dtype=np.int64)
+            patches = int(grid.prod(-1).sum())
+            if patches != media.pixel_values.shape[0]:
+                raise PlaceholderError(
+                    f"pixel_values holds {media.pixel_values.shape[0]} patches but "
+                    f"image_grid_hw describes {patches}"
+                )
+            features[IMAGE_FEATURES] = self._run(
+                GraphRole.VISION_ENCODER,
+                {"pixel_values": np.asarray(media.pixel_values, np.float32), "image_grid_hw": grid},
+            )[0]
+        if media.pixel_values_videos is not None:
+            video, keep = self._run(
+                GraphRole.VIDEO_ENCODER,
+                {"pixel_values_videos": np.asarray(media.pixel_values_videos, np.float32)},
+            )
+            positions = np.flatnonzero(ids[0] == image_token)
+            _check_count("video", image_token, len(positions), video.shape[0])
+            retained = np.ones(ids.shape[1], dtype=bool)
+            retained[positions] = keep
+            ids = ids[:, retained]
+            features[IMAGE_FEATURES] = video[keep]
+        if media.input_features is not None:
+            if AUDIO_FEATURES not in self.embedding_inputs:
+                raise PlaceholderError(
+                    "this package has no audio encoder (its checkpoint had none)"
+                )
+            mask = media.input_features_mask
+            if mask is None:
+                mask = np.ones(media.input_features.shape[:2], dtype=np.int64)
+            features[AUDIO_FEATURES] = self._run(
+                GraphRole.AUDIO_ENCODER,
+                {
+                    "input_features": np.asarray(media.input_features, np.float32),
+                    "input_features_mask": np.asarray(mask, np.int64),
+                },
+            )[0]
+        _check_count(
+            "image", image_token, int((ids == image_token).sum()), len(features[IMAGE_FEATURES])
+        )
+        if AUDIO_FEATURES in self.embedding_inputs:
+            audio_token = self.config.audio_token_id
+            _check_count(
+                "audio", audio_token, int((ids == audio_token).sum()), len(features[AUDIO_FEATURES])
+            )
+        embeds = self.embed(ids, features)
+        return Prepared(ids, embeds, features, keep)
+
+    def embed(self, ids: np.ndarray, features: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """The embedding graph: ids with media features scattered in (0 rows: none)."""
+        features = features or {}
+        feeds = {"input_ids": np.asarray(ids, np.int64)}
+        for name in (IMAGE_FEATURES, AUDIO_FEATURES):
+            if name in self.embedding_inputs:
+                feeds[name] = features.get(name, self._empty()).astype(self._empty().dtype)
+        return self._run(GraphRole.EMBEDDING, feeds)[0]
+
+    def generate(
+        self, input_ids: np.ndarray, media: Media | None = None, max_new_tokens: int = 16
+    ) -> tuple[list[int], list[dict[str, np.ndarray]]]:
+        """Greedy tokens after the prompt, and every decoder call's outputs (prefill first)."""
+        prepared = self.prepare(input_ids, media)
+        self.decoder.reset(1)
+        outputs = [self.decoder.step(prepared.inputs_embeds)]
+        tokens: list[int] = []
+        eos = self.config.text.eos_token_id
+        stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        for _ in range(max_new_tokens):
+            token = int(np.argmax(outputs[-1]["logits"][0, -1]))
+            tokens.append(token)
+            if token in stops or len(tokens) == max_new_tokens:
+                break
+            outputs.append(self.decoder.step(self.embed(np.array([[token]]))))
+        return tokens, outputs
+
+
+def _check_count(modality: str, token: int | None, placeholders: int, rows: int) -> None:
+    if placeholders != rows:
+        raise PlaceholderError(
+            f"the prompt has {placeholders} {modality} placeholder tokens (id {token}) but the "
+            f"{modality} gives {rows} feature rows; expand each placeholder as the processor does "
+            "(one token per feature row)"
+        )

@@ -1,0 +1,152 @@
+"""image-text-to-text: the Nemotron-H Omni package, separate graphs a runtime chains.
+
+vision_encoder (images -> image_features), video_encoder (tubelets -> video_features + the EVS
+retention mask), audio_encoder when the checkpoint has an audio tower (log-mel features ->
+audio_features), embedding (input_ids + media features -> inputs_embeds) and the decoder
+(inputs_embeds -> logits + cache; Puzzle when the text config is Puzzle). One checkpoint feeds
+them all: each source tensor is bound in the graphs that compute with it; the tensors two
+graphs use (the towers of the image and video graphs; the embedding table when the decoder's
+logits are tied to it) are declared shared and written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from mobius_lite.components.context import Backend, BuildContext
+from mobius_lite.configs.omni import OmniConfig
+from mobius_lite.enums import GraphRole, Precision
+from mobius_lite.errors import ConfigError
+from mobius_lite.graphs.decoder import build_decoder
+from mobius_lite.graphs.embedding import build_embedding_graph
+from mobius_lite.models.nemotron_h_names import (
+    LM_HEAD_WEIGHT,
+    logits_from_embeddings,
+    unused_tensor_rules,
+)
+from mobius_lite.models.omni_audio import OmniAudioConfig, build_audio_graph
+from mobius_lite.models.omni_names import (
+    LANGUAGE_MODEL,
+    OMNI_UNUSED,
+    LanguageModelNames,
+    OmniTowerNames,
+)
+from mobius_lite.models.omni_vision import OmniVisionConfig, build_video_graph, build_vision_graph
+from mobius_lite.package import GraphRecord
+from mobius_lite.routes import check_source_dtypes
+from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.names import NameMap, as_ref
+from mobius_lite.weights.binding import (
+    bind_model,
+    graph_parameters,
+    plan_bindings,
+    source_weight_formats,
+)
+
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"
+IMAGE_FEATURES = "image_features"
+AUDIO_FEATURES = "audio_features"
+
+
+@dataclass(frozen=True)
+class OmniGraphs:
+    config: OmniConfig
+    graphs: list[GraphRecord]
+    shared: dict[str, list[str]]
+
+
+def _bind(
+    role: GraphRole,
+    model: ir.Model,
+    source: TensorSource,
+    names: NameMap,
+    rules: dict[str, str],
+) -> GraphRecord:
+    plan = plan_bindings(graph_parameters(model), source, names, rules, account_for_all=False)
+    check_source_dtypes(plan.bindings)
+    bind_model(model, plan, source)
+    return GraphRecord(role, model, plan)
+
+
+def omni_graphs(
+    raw_config: dict,
+    source: TensorSource,
+    kind: str,
+    precision: Precision,
+    backend: Backend = Backend.STANDARD,
+    dequantize: bool = False,
+    unused_rules: dict[str, str] | None = None,
+) -> OmniGraphs:
+    """Every graph of the Omni package, bound (lazily) to `source`."""
+    config = OmniConfig.from_dict(raw_config)
+    text = config.text
+    # the text model's own rules name its tensors without the language_model. prefix
+    text_rules = {
+        "^" + re.escape(LANGUAGE_MODEL) + pattern.removeprefix("^"): reason
+        for pattern, reason in unused_tensor_rules(text).items()
+    }
+    rules = {**OMNI_UNUSED, **text_rules, **(unused_rules or {})}
+    available = set(source.names())
+    dtype = precision.ir_dtype
+
+    names = LanguageModelNames()
+    formats = None if dequantize else source_weight_formats(source, names, dtype, backend)
+    lm_head = any(
+        all(n in available for n in as_ref(c).names) for c in names.alternatives(LM_HEAD_WEIGHT, ())
+    )
+    tied = logits_from_embeddings(text, lm_head)
+    decoder, _ = build_decoder(
+        text,
+        precision,
+        inputs_embeds=True,
+        logits_from_embeddings=tied,
+        weight_formats=formats,
+        backend=backend,
+    )
+    media = {IMAGE_FEATURES: config.image_token_id}
+    if config.has_audio:
+        media[AUDIO_FEATURES] = config.audio_token_id
+    embedding = build_embedding_graph(text, precision, media)
+
+    try:
+        vision = OmniVisionConfig.from_dict(config.raw)
+        # LayerScale exactly when the checkpoint holds it (see components/radio.py)
+        if any(n.endswith(".layer_scale1.lambda1") for n in available):
+            vision = dataclasses.replace(
+                vision, radio=dataclasses.replace(vision.radio, layer_scale=True)
+            )
+        audio = OmniAudioConfig.from_dict(config.raw) if config.has_audio else None
+    except ValueError as exc:
+        raise ConfigError(f"Omni config.json: {exc}") from None
+    tower_names = OmniTowerNames()
+    tower_formats = (
+        None if dequantize else source_weight_formats(source, tower_names, dtype, backend)
+    )
+    ctx = BuildContext(dtype, tower_formats or {}, backend)
+    towers = [
+        (GraphRole.VISION_ENCODER, build_vision_graph(vision, ctx=ctx)),
+        (GraphRole.VIDEO_ENCODER, build_video_graph(vision, ctx=ctx)),
+    ]
+    if audio is not None:
+        towers.append((GraphRole.AUDIO_ENCODER, build_audio_graph(audio, ctx=ctx)))
+
+    graphs = [
+        _bind(GraphRole.DECODER, decoder, source, names, rules),
+        _bind(GraphRole.EMBEDDING, embedding, source, names, rules),
+        *(_bind(role, model, source, tower_names, rules) for role, model in towers),
+    ]
+    return OmniGraphs(config, graphs, shared_sources(graphs))
+
+
+def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
+    """The source tensors bound in several graphs, with those graphs' roles (the declaration
+    the manifest requires for a tensor written once and used twice)."""
+    users: dict[str, list[str]] = {}
+    for record in graphs:
+        for name in record.plan.bound_sources:
+            users.setdefault(name, []).append(record.role.value)
+    return {name: roles for name, roles in users.items() if len(roles) > 1}
