@@ -157,6 +157,23 @@ class OmniSession:
         embeds = self.embed(ids, features)
         return Prepared(ids, embeds, features, keep)
 
+    @property
+    def audio_mel_bins(self) -> int:
+        """Mel bins the audio encoder takes."""
+        from mobius_lite.models.omni_audio import OmniAudioConfig
+
+        return OmniAudioConfig.from_dict(self.config.raw).encoder.num_mel_bins
+
+    def audio_token_counts(self, input_features_mask: np.ndarray) -> list[int]:
+        """Feature rows the audio encoder gives each clip: the subsampled length of its mask
+        sum + 1, at most the padded batch's own subsampled length (as transformers keeps)."""
+        from mobius_lite.models.omni_audio import OmniAudioConfig
+
+        spec = OmniAudioConfig.from_dict(self.config.raw).encoder
+        mask = np.asarray(input_features_mask)
+        cap = spec.subsampled_length(mask.shape[1])
+        return [min(spec.subsampled_length(int(n) + 1), cap) for n in mask.sum(-1)]
+
     def embed(self, ids: np.ndarray, features: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """The embedding graph: ids with media features scattered in (0 rows: none)."""
         features = features or {}

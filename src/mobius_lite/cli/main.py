@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from mobius_lite.cli import build_cmd, inspect_cmd, qualify_cmd, verify_cmd
+from mobius_lite.cli import build_cmd, generate_cmd, inspect_cmd, qualify_cmd, verify_cmd
 from mobius_lite.errors import MobiusError
 from mobius_lite.version import __version__
 
-SUBCOMMANDS = (build_cmd, inspect_cmd, verify_cmd, qualify_cmd)
+SUBCOMMANDS = (build_cmd, inspect_cmd, verify_cmd, qualify_cmd, generate_cmd)
 
 EPILOG = """\
 examples:
@@ -18,6 +18,7 @@ examples:
   mobius build --model ./my-checkpoint --output ./pkg --dtype f16 --shard-size 512MB
   mobius inspect ./nano9b
   mobius inspect ./nano9b --json
+  mobius generate ./omni --prompt "<image> Describe it." --image photo.jpg
 
 Run `mobius COMMAND --help` for each command's options. Errors are printed as one line
 (what was found, what is supported, what to do) and exit with status 2.

@@ -58,6 +58,13 @@ class ParakeetSpec:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def subsampled_length(self, frames: int) -> int:
+        """Host-side twin of subsampled_lengths(): frames after every stride conv."""
+        k, s = self.subsampling_kernel_size, self.subsampling_stride
+        for _ in range(self.subsampling_layers):
+            frames = (frames + 2 * ((k - 1) // 2) - k) // s + 1
+        return frames
+
     @property
     def subsampled_mel_bins(self) -> int:
         return self.num_mel_bins // self.subsampling_stride**self.subsampling_layers

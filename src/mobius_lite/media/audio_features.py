@@ -9,11 +9,15 @@ A clip of n samples gives 1 + longest // hop frames, of which n // hop are valid
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mobius_lite.errors import ConfigError
 
 LOG_GUARD = 2.0**-24  # added before the log so silence stays finite
 NORM_EPS = 1e-5  # added to the standard deviation
@@ -49,6 +53,25 @@ class LogMelConfig:
         if result.win_length > result.n_fft:
             raise ValueError(f"win_length={result.win_length} exceeds n_fft={result.n_fft}")
         return result
+
+    @classmethod
+    def from_package(cls, directory: str | Path, mel_bins: int) -> LogMelConfig:
+        """The feature extractor of a package's processor files; without one, the extractor's
+        defaults with the audio encoder's `mel_bins`. A file disagreeing with the encoder's
+        mel bins is a ConfigError."""
+        for name in ("processor_config.json", "preprocessor_config.json"):
+            path = Path(directory) / name
+            if path.is_file():
+                raw = json.loads(path.read_text())
+                if "feature_extractor" in raw or "feature_extractor_type" in raw:
+                    config = cls.from_dict(raw)
+                    if config.feature_size != mel_bins:
+                        raise ConfigError(
+                            f"{path}: feature_size {config.feature_size} but the audio encoder "
+                            f"takes {mel_bins} mel bins"
+                        )
+                    return config
+        return cls(feature_size=mel_bins)
 
 
 def _hz_to_mel(hz: np.ndarray) -> np.ndarray:

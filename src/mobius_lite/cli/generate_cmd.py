@@ -1,0 +1,138 @@
+"""`mobius generate`: greedy generation from a package, with images and audio for Omni."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from mobius_lite.errors import ConfigError, MobiusError
+from mobius_lite.layout import CONFIG_FILE
+from mobius_lite.routes import EXECUTION_PROVIDERS
+
+EPILOG = textwrap.dedent(
+    """\
+    examples:
+      mobius generate ./nano9b --prompt "The capital of France is" --max-new-tokens 16
+      mobius generate ./omni --prompt "<image> What is in this picture?" --image cat.png
+      mobius generate ./omni --prompt "<so_embedding> Transcribe this." --audio clip.wav
+
+    Omni prompts: each <image> marker (or, if there are none, the start of the prompt) takes
+    the next --image, each <so_embedding> / <audio> marker the next --audio, expanded into
+    the placeholder tokens the processor would write. Images are preprocessed as the
+    package's preprocessor_config.json says; audio must be 16 kHz mono 16-bit WAV."""
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="greedy generation from a package (text, or Omni with images and audio)",
+        description="Tokenize the prompt with the package's tokenizer.json, run the package in "
+        "onnxruntime (Omni: the media encoders, the embedding graph and the decoder, chained) and "
+        "print the greedy continuation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("package", metavar="PACKAGE", help="package directory written by mobius build")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument(
+        "--image", action="append", default=[], metavar="FILE", help="an image (repeatable)"
+    )
+    p.add_argument(
+        "--audio", action="append", default=[], metavar="WAV", help="a 16 kHz WAV clip (repeatable)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=32, help="tokens to generate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--ep",
+        default="cpu",
+        choices=EXECUTION_PROVIDERS,
+        help="onnxruntime execution provider (default: %(default)s)",
+    )
+    p.add_argument("--ids", action="store_true", help="print the token ids, not the text")
+    p.set_defaults(run=run)
+
+
+def _tokenizer(package: Path):
+    path = package / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"{package} has no tokenizer.json; generate needs the package tokenizer")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise MobiusError("generate needs tokenizers: pip install 'mobius-lite[runtime]'") from None
+    return Tokenizer.from_file(str(path))
+
+
+def run(args: argparse.Namespace) -> int:
+    from mobius_lite.runtime import session_providers
+    from mobius_lite.sources.config_json import read_config_json
+
+    package = Path(args.package)
+    if not (package / CONFIG_FILE).is_file():
+        raise ConfigError(f"{package} is not a package (no {CONFIG_FILE})")
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, found {args.max_new_tokens}")
+    providers = session_providers(args.ep)
+    tokenizer = _tokenizer(package)
+    raw = read_config_json(package)
+    if raw.get("model_type") == "nemotron_h_omni":
+        tokens = _omni(args, package, tokenizer, providers)
+    else:
+        if args.image or args.audio:
+            raise ConfigError(f"{package} is a text package: it takes no --image or --audio")
+        tokens = _text(args, package, tokenizer, providers, raw)
+    print(" ".join(map(str, tokens)) if args.ids else tokenizer.decode(tokens))
+    return 0
+
+
+def _text(args, package: Path, tokenizer, providers: list[str], raw: dict) -> list[int]:
+    from mobius_lite.configs.loader import load_text_config
+    from mobius_lite.runtime import DecoderSession
+
+    config = load_text_config(raw)
+    session = DecoderSession(package / "model.onnx", config, providers=providers)
+    ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
+    out = session.step(ids)
+    tokens: list[int] = []
+    for _ in range(args.max_new_tokens):
+        tokens.append(int(np.argmax(out["logits"][0, -1])))
+        if len(tokens) < args.max_new_tokens:
+            out = session.step(np.array([[tokens[-1]]], dtype=np.int64))
+    return tokens
+
+
+def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
+    from mobius_lite.media.audio_features import LogMelConfig, log_mel_features
+    from mobius_lite.media.audio_file import load_wav
+    from mobius_lite.media.image import ImageProcessorConfig, load_image, preprocess
+    from mobius_lite.media.prompt import expand
+    from mobius_lite.omni_runtime import Media, OmniSession
+
+    session = OmniSession(package, providers)
+    media = Media()
+    image_tokens: list[int] = []
+    if args.image:
+        config = ImageProcessorConfig.from_package(package)
+        media.pixel_values, media.image_grid_hw = preprocess(
+            [load_image(p) for p in args.image], config
+        )
+        image_tokens = [int(n) for n in media.image_grid_hw.prod(-1) // config.merge_size**2]
+    audio_tokens: list[int] = []
+    if args.audio:
+        mel = LogMelConfig.from_package(package, session.audio_mel_bins)
+        waves = [load_wav(p, mel.sampling_rate) for p in args.audio]
+        media.input_features, media.input_features_mask = log_mel_features(
+            waves, mel.sampling_rate, mel
+        )
+        audio_tokens = session.audio_token_counts(media.input_features_mask)
+    text = expand(args.prompt, image_tokens, audio_tokens)
+    ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
+    print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
+    tokens, _ = session.generate(ids, media, args.max_new_tokens)
+    return tokens
