@@ -287,3 +287,28 @@ def test_puzzle_text_config_builds_the_puzzle_decoder(tmp_path: Path) -> None:
     assert graph_parameters(decoder).keys() == graph_parameters(build_decoder(direct)[0]).keys() - {
         "backbone.embeddings.weight"
     }
+
+
+def test_onnxruntime_genai_runs_text_prompts_of_the_omni_package(exported) -> None:
+    """genai_config.json uses genai's VLM layout (phi3v type, vision + embedding sections):
+    onnxruntime-genai chains embedding -> decoder for a text prompt, with the same greedy tokens
+    as the package's own host runtime."""
+    import onnxruntime_genai as og
+
+    _, _, package = exported
+    config = json.loads((package / "genai_config.json").read_text())["model"]
+    assert config["type"] == "phi3v" and set(config) >= {"vision", "embedding", "decoder"}
+    assert "inputs_embeds" in config["decoder"]["inputs"]
+    prompt_ids = np.array([[5, 17, 33, 8]], dtype=np.int64)
+    ours, _ = OmniSession(package).generate(prompt_ids, None, max_new_tokens=6)
+
+    model = og.Model(str(package))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=prompt_ids.shape[1] + len(ours), do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt_ids.astype(np.int32))
+    tokens = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    assert tokens == ours

@@ -12,6 +12,12 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
 - past_present_share_buffer must stay false: the graph concatenates past and new K/V, which
   a shared fixed-size buffer cannot hold.
 - Unknown keys anywhere in the file are a parse error, so nothing else may be added here.
+- An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
+  written in its VLM layout, model.type "phi3v" with "vision" and "embedding" sections:
+  0.18 then runs text prompts through embedding -> decoder, greedy tokens identical to
+  mobius_lite.omni_runtime (tests/test_genai.py). It has no RADIO processor: image prompts
+  must go through mobius_lite.omni_runtime / `mobius generate` (its phi3v pixel values do not
+  fit the vision graph's inputs and are refused at run time, never silently misread).
 """
 
 from __future__ import annotations
@@ -59,13 +65,19 @@ def genai_limitations(
     return problems
 
 
+VLM_MODEL_TYPE = "phi3v"  # the genai 0.18 type whose layout is vision + embedding + decoder
+
+
 def genai_config(
     config: NemotronHConfig,
     decoder_filename: str = "model.onnx",
     provider: str = "cpu",
     context_length: int | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The onnxruntime-genai config: model type "decoder" with hybrid cache name templates.
+    """The onnxruntime-genai config: model type "decoder" with hybrid cache name templates, or,
+    when `sections` brings "embedding" (and "vision") graph sections, the VLM layout whose
+    decoder takes inputs_embeds.
 
     The past/present templates name attention K/V and Mamba conv/recurrent states by the
     package's own names (global layer indices); greedy search by default.
@@ -103,14 +115,21 @@ def genai_config(
         },
     }
     length = context_length or config.max_position_embeddings
+    sections = dict(sections or {})
+    model_type = MODEL_TYPE
+    if "embedding" in sections:
+        model_type = VLM_MODEL_TYPE
+        del decoder["inputs"]["input_ids"]
+        decoder["inputs"]["inputs_embeds"] = "inputs_embeds"
     return {
         "model": {
             "bos_token_id": config.bos_token_id,
             "context_length": length,
             "decoder": decoder,
+            **sections,
             "eos_token_id": eos,
             "pad_token_id": config.pad_token_id if config.pad_token_id is not None else first_eos,
-            "type": MODEL_TYPE,
+            "type": model_type,
             "vocab_size": config.vocab_size,
         },
         "search": {
@@ -129,4 +148,29 @@ def genai_config(
             "top_k": 1,
             "top_p": 1.0,
         },
+    }
+
+
+# genai's key -> the package's name, for the keys its schema knows (others are parse errors)
+SECTION_KEYS = {
+    "vision": (
+        {"pixel_values": "pixel_values", "image_sizes": "image_grid_hw"},
+        {"image_features": "image_features"},
+    ),
+    "embedding": (
+        {"input_ids": "input_ids", "image_features": "image_features"},
+        {"inputs_embeds": "inputs_embeds"},
+    ),
+}
+
+
+def graph_section(key: str, filename: str, inputs: list[str], outputs: list[str]) -> dict[str, Any]:
+    """The genai section `key` ("vision", "embedding") of a graph file: the inputs / outputs
+    its schema names, mapped to the graph's own names. The graph's other inputs (an Omni
+    embedding graph's audio_features) are not in genai's schema."""
+    known_in, known_out = SECTION_KEYS[key]
+    return {
+        "filename": filename,
+        "inputs": {k: v for k, v in known_in.items() if v in inputs},
+        "outputs": {k: v for k, v in known_out.items() if v in outputs},
     }

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
-from mobius_lite.genai_config import genai_config
+from mobius_lite.genai_config import genai_config, graph_section
 from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE
 from mobius_lite.sizes import parse_size
 from mobius_lite.sources.base import TensorSource
@@ -86,7 +86,22 @@ class ModelPackage:
         return self.graph(GraphRole.DECODER).plan
 
     def genai_config(self) -> dict[str, Any]:
-        return genai_config(self.config, GraphRole.DECODER.file_name, provider=self.provider)
+        """genai_config.json: the decoder's section, plus the embedding and vision graphs'
+        sections when the package has them (onnxruntime-genai's VLM layout)."""
+        sections = {}
+        roles = {g.role: g for g in self.graphs}
+        for role, key in ((GraphRole.VISION_ENCODER, "vision"), (GraphRole.EMBEDDING, "embedding")):
+            if role in roles and GraphRole.EMBEDDING in roles:
+                graph = roles[role].model.graph
+                sections[key] = graph_section(
+                    key,
+                    role.file_name,
+                    [v.name for v in graph.inputs],
+                    [v.name for v in graph.outputs],
+                )
+        return genai_config(
+            self.config, GraphRole.DECODER.file_name, provider=self.provider, sections=sections
+        )
 
     def save(
         self,
