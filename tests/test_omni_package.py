@@ -312,3 +312,49 @@ def test_onnxruntime_genai_runs_text_prompts_of_the_omni_package(exported) -> No
         generator.generate_next_token()
         tokens.append(int(generator.get_next_tokens()[0]))
     assert tokens == ours
+
+
+def test_qualify_gives_four_verdicts_for_the_omni_package(exported, tmp_path: Path) -> None:
+    from mobius_lite.evaluation.qualify import qualify, rescore
+
+    _, checkpoint, package = exported
+    report = qualify(package, checkpoint, steps=2, output=tmp_path / "q")
+    statuses = {k: v.status for k, v in report.verdicts.items()}
+    assert statuses == dict.fromkeys(statuses, "PASS"), {
+        k: v.summary for k, v in report.verdicts.items()
+    }
+    families = report.verdicts["numerical_parity"].evidence["families"]
+    assert {"logits", "attention_kv", "conv_state", "recurrent_state"} <= set(families)
+    names = {c["name"] for c in report.verdicts["numerical_parity"].evidence["worst"]} | {
+        k for k in np.load(tmp_path / "q" / "arrays.npz").files
+    }
+    assert {"package/prefill/image_features", "package/prefill/video_features"} <= names
+    assert "package/prefill/audio_features" in names
+    assert report.run["omni"]["evs_mask_equal"]
+    again = rescore(tmp_path / "q")
+    assert {k: v.status for k, v in again.verdicts.items()} == statuses
+
+
+def test_qualify_catches_a_changed_vision_weight(exported, tmp_path: Path) -> None:
+    import shutil
+
+    from mobius_lite.evaluation.qualify import qualify
+    from mobius_lite.weights.external_data import external_references
+
+    _, checkpoint, package = exported
+    broken = tmp_path / "pkg"
+    shutil.copytree(package, broken)
+    ref = next(
+        r
+        for r in external_references(broken / "vision_encoder.onnx")
+        if r.name.endswith("mlp.fc1.weight")
+    )
+    with open(broken / ref.location, "r+b") as handle:
+        handle.seek(ref.offset)
+        values = np.frombuffer(handle.read(64), np.float32) * 3.0
+        handle.seek(ref.offset)
+        handle.write(values.tobytes())
+    report = qualify(broken, checkpoint, steps=1, output=tmp_path / "q", quiet=True)
+    assert report.verdicts["graph_validity"].status == "PASS"
+    assert report.verdicts["source_fidelity"].status == "FAIL"
+    assert report.verdicts["numerical_parity"].status == "FAIL"

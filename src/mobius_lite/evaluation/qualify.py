@@ -26,6 +26,7 @@ import onnx
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.loader import load_text_config
+from mobius_lite.configs.omni import OMNI_MODEL_TYPE
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.instrument import (
@@ -351,6 +352,8 @@ def qualify(
     if output is not None and out_dir.exists() and any(out_dir.iterdir()):
         raise PackageError(f"{out_dir} exists and is not empty; choose another --output")
     raw = read_config_json(package_dir)
+    if raw.get("model_type") == OMNI_MODEL_TYPE:
+        return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
     config = load_text_config(raw)
     source_raw = read_config_json(source_dir)
     model_type = str(source_raw.get("model_type", raw.get("model_type")))
@@ -403,6 +406,45 @@ def qualify(
     return report
 
 
+def _qualify_omni(
+    package_dir: Path,
+    source_dir: Path,
+    steps: int,
+    output: str | Path | None,
+    providers: list[str],
+    quiet: bool,
+) -> QualifyReport:
+    """The Omni package's verdicts (evaluation/qualify_omni.py), saved like a text run's."""
+    from mobius_lite.evaluation.qualify_omni import qualify_omni_verdicts
+
+    out_dir = Path(output) if output is not None else default_output(package_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    verdicts, facts, ours, reference = qualify_omni_verdicts(
+        package_dir, source_dir, steps, providers, quiet
+    )
+    run = {
+        "package": str(package_dir.resolve()),
+        "source": str(source_dir.resolve()),
+        "model_type": OMNI_MODEL_TYPE,
+        "prompt_origin": "synthetic processed media and a two-image prompt (qualify_omni.py)",
+        "providers": providers,
+        "not_compared": {},
+        "instrumentation": {},
+        "versions": versions(),
+        "files": graph_files(package_dir),
+        "arrays": ARRAYS_FILE,
+        "saved_verdicts": {
+            "graph_validity": verdicts["graph_validity"].as_dict(),
+            "source_fidelity": verdicts["source_fidelity"].as_dict(),
+        },
+        **facts,
+    }
+    _save_arrays(out_dir / ARRAYS_FILE, ours, reference, run)
+    report = QualifyReport(verdicts, run, out_dir)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=_json))
+    return report
+
+
 def _decide(
     run: dict[str, Any], ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]
 ) -> QualifyReport:
@@ -421,6 +463,10 @@ def _decide(
     verdicts["numerical_parity"] = scoring.score_parity(
         ours, reference, steps, run["execution_order"], run["not_compared"], run["instrumentation"]
     )
+    if "omni" in run:  # the EVS masks must be exactly equal (evaluation/qualify_omni.py)
+        from mobius_lite.evaluation.qualify_omni import with_evs_check
+
+        verdicts["numerical_parity"] = with_evs_check(verdicts["numerical_parity"], run["omni"])
     verdicts["generation"] = scoring.score_generation(ours, reference, steps)
     return QualifyReport(verdicts, run)
 

@@ -1,0 +1,212 @@
+"""`mobius qualify` for Omni packages: the same four separate verdicts over every graph.
+
+- graph_validity: the ONNX checker and an onnxruntime session for each graph of the manifest;
+- source_fidelity: every byte against the source (as for text packages);
+- numerical_parity: the media features (images, video, audio when the package has them) and
+  the EVS retention mask (exactly equal), then a prompt with two images: the decoder's logits
+  and every cache array at prefill and each cached step, all against transformers'
+  NemotronH_Omni_Reasoning_V3 in torch FP32 on the same synthetic, already-processed media;
+- generation: exact greedy tokens (FAIL on non-finite logits).
+Arrays and verdicts are saved as for text packages, so `--rescore` works on them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mobius_lite.configs.omni import OmniConfig
+from mobius_lite.enums import GraphRole
+from mobius_lite.evaluation import scoring
+from mobius_lite.evaluation.scoring import FAIL, Verdict
+from mobius_lite.evaluation.validity import check_graph, source_fidelity
+from mobius_lite.layout import MANIFEST_FILE
+
+PREFILL = "prefill"  # the media features are compared as part of the first step
+
+
+def _graph_validity(package_dir: Path, providers: list[str]) -> Verdict:
+    import onnxruntime as ort
+
+    manifest = json.loads((package_dir / MANIFEST_FILE).read_text())
+    evidence: dict[str, Any] = {}
+    for role, graph in manifest["graphs"].items():
+        facts: dict[str, Any] = {"checker": check_graph(package_dir / graph["file"])}
+        try:
+            session = ort.InferenceSession(str(package_dir / graph["file"]), providers=providers)
+            facts["session"] = {"ok": True, "providers": session.get_providers()}
+        except Exception as exc:  # onnxruntime raises several types
+            facts["session"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        evidence[role] = facts
+    failed = [r for r, f in evidence.items() if not (f["checker"]["ok"] and f["session"]["ok"])]
+    if failed:
+        return Verdict(FAIL, f"graphs that do not check or load: {failed}", evidence)
+    return Verdict(scoring.PASS, f"{len(evidence)} graphs: checker ok, sessions ok", evidence)
+
+
+def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Processed media of the shapes the processors produce: two images of different grids,
+    a 3-frame video (odd: the last frame repeats into the second tubelet), two audio clips of
+    different lengths when the model has audio."""
+    from mobius_lite.models.omni_audio import OmniAudioConfig
+    from mobius_lite.models.omni_vision import OmniVisionConfig
+
+    rng = np.random.default_rng(seed)
+    vision = OmniVisionConfig.from_dict(config.raw)
+    p, m = vision.radio.patch_size, vision.downsample_factor
+    grid = np.array([[2 * m, 3 * m], [3 * m, 2 * m]], dtype=np.int64)
+    media = {
+        "pixel_values": rng.standard_normal((int(grid.prod(-1).sum()), vision.radio.patch_dim)),
+        "image_grid_hw": grid,
+    }
+    frames = rng.standard_normal((3, vision.radio.num_channels, 2 * m * p, 2 * m * p))
+    frames = np.concatenate([frames, frames[-1:]])  # the processor's odd-count padding
+    channels = vision.radio.num_channels * (vision.radio.video_temporal_patch_size or 2)
+    media["pixel_values_videos"] = frames.reshape(1, -1, channels, 2 * m * p, 2 * m * p)
+    if config.has_audio:
+        bins = OmniAudioConfig.from_dict(config.raw).encoder.num_mel_bins
+        mask = np.zeros((2, 64), dtype=np.int64)
+        mask[0], mask[1, :37] = 1, 1
+        media["input_features"] = rng.standard_normal((2, 64, bins))
+        media["input_features_mask"] = mask
+    return {k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in media.items()}
+
+
+def _prompt(config: OmniConfig, image_tokens: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    low, high = 3, config.text.vocab_size
+    special = {config.image_token_id, config.audio_token_id, config.video_token_id}
+    text = [int(t) for t in rng.integers(low, high, size=12) if int(t) not in special]
+    return np.array([text[:4] + [config.image_token_id] * image_tokens + text[4:]], np.int64)
+
+
+def omni_runs(
+    package_dir: Path, source_dir: Path, steps: int, providers: list[str], say: Any
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str], dict[str, Any]]:
+    """Both sides' arrays (by step/name), the step names, and facts (EVS masks equal)."""
+    import torch
+    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3,
+        compute_retention_mask,
+    )
+
+    from mobius_lite.evaluation.cache_layout import reference_cache_arrays
+    from mobius_lite.evaluation.reference import pinned_torch
+    from mobius_lite.omni_runtime import Media, OmniSession
+
+    session = OmniSession(package_dir, providers)
+    config = session.config
+    media = synthetic_media(config)
+    kinds = [layer.kind for layer in config.text.layers]
+    ours: dict[str, np.ndarray] = {}
+    ref: dict[str, np.ndarray] = {}
+    facts: dict[str, Any] = {}
+    say("running the reference (transformers, torch FP32) and the package side by side")
+    with pinned_torch():
+        model = NemotronH_Omni_Reasoning_V3.from_pretrained(
+            str(source_dir), dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        t = {k: torch.from_numpy(v) for k, v in media.items()}
+        image_features = session._run(
+            GraphRole.VISION_ENCODER,
+            {"pixel_values": media["pixel_values"], "image_grid_hw": media["image_grid_hw"]},
+        )[0]
+        ours[f"{PREFILL}/image_features"] = image_features
+        expected = model.get_image_features(t["pixel_values"], t["image_grid_hw"])
+        ref[f"{PREFILL}/image_features"] = torch.cat(expected.pooler_output).numpy()
+
+        video, keep = session._run(
+            GraphRole.VIDEO_ENCODER, {"pixel_values_videos": media["pixel_values_videos"]}
+        )
+        ours[f"{PREFILL}/video_features"] = video
+        (expected_video,) = model.get_video_features(t["pixel_values_videos"]).pooler_output
+        ref[f"{PREFILL}/video_features"] = expected_video.numpy()
+        tubelets = media["pixel_values_videos"].shape[1]
+        expected_keep = compute_retention_mask(expected_video, tubelets, model.video_pruning_rate)
+        facts["evs_mask_equal"] = bool(np.array_equal(keep, expected_keep.numpy()))
+        facts["evs_kept"] = [int(keep.sum()), int(expected_keep.sum())]
+
+        if config.has_audio:
+            ours[f"{PREFILL}/audio_features"] = session._run(
+                GraphRole.AUDIO_ENCODER,
+                {k: media[k] for k in ("input_features", "input_features_mask")},
+            )[0]
+            ref[f"{PREFILL}/audio_features"] = model.get_audio_features(
+                t["input_features"], t["input_features_mask"]
+            ).pooler_output.numpy()
+
+        say(f"prefill of a two-image prompt + {steps} decode steps on both sides")
+        ids = _prompt(config, len(image_features), seed=1)
+        prepared = session.prepare(
+            ids, Media(pixel_values=media["pixel_values"], image_grid_hw=media["image_grid_hw"])
+        )
+        session.decoder.reset(1)
+        out = session.decoder.step(prepared.inputs_embeds)
+        reference = model(
+            input_ids=torch.from_numpy(ids),
+            pixel_values=t["pixel_values"],
+            image_grid_hw=t["image_grid_hw"],
+            use_cache=True,
+        )
+        names = [PREFILL] + [f"decode{i}" for i in range(steps)]
+        length = ids.shape[1]
+        for i, step in enumerate(names):
+            ours[f"{step}/logits"] = out["logits"]
+            ref[f"{step}/logits"] = reference.logits.float().numpy()
+            for name, array in reference_cache_arrays(reference.cache, kinds).items():
+                ours[f"{step}/{name}"] = out[name]
+                ref[f"{step}/{name}"] = array
+            if i == steps:
+                break
+            length += 1
+            mine = int(np.argmax(out["logits"][0, -1]))
+            theirs = int(reference.logits[0, -1].argmax())
+            out = session.decoder.step(session.embed(np.array([[mine]])))
+            reference = model(
+                input_ids=torch.tensor([[theirs]]),
+                cache=reference.cache,
+                use_cache=True,
+                attention_mask=torch.ones(1, length, dtype=torch.long),
+                position_ids=torch.tensor([[length - 1]]),
+            )
+        del model
+    return ours, ref, names, facts
+
+
+def qualify_omni_verdicts(
+    package_dir: Path, source_dir: Path, steps: int, providers: list[str], quiet: bool
+) -> tuple[dict[str, Verdict], dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The four verdicts, the run's facts and both sides' arrays."""
+
+    def say(message: str) -> None:
+        if not quiet:
+            print(f"qualify: {message}", file=sys.stderr, flush=True)
+
+    say("checking every graph (checker, session)")
+    verdicts = {"graph_validity": _graph_validity(package_dir, providers)}
+    verdicts["source_fidelity"] = source_fidelity(package_dir, source_dir)
+    ours, ref, names, facts = omni_runs(package_dir, source_dir, steps, providers, say)
+    order = {name.partition("/")[2]: i for i, name in enumerate(ours)}
+    verdicts["numerical_parity"] = with_evs_check(
+        scoring.score_parity(ours, ref, names, order), facts
+    )
+    verdicts["generation"] = scoring.score_generation(ours, ref, names)
+    run = {"steps": names, "execution_order": order, "omni": facts}
+    return verdicts, run, ours, ref
+
+
+def with_evs_check(parity: Verdict, facts: dict[str, Any]) -> Verdict:
+    """Parity fails when the EVS retention masks differ (they must be exactly equal)."""
+    if facts.get("evs_mask_equal", True):
+        parity.evidence["evs"] = facts
+        return parity
+    kept = facts.get("evs_kept", ["?", "?"])
+    return Verdict(
+        FAIL,
+        f"EVS retention masks differ (kept {kept[0]} vs {kept[1]}); {parity.summary}",
+        {**parity.evidence, "evs": facts},
+    )
