@@ -379,18 +379,32 @@ def qualify(
         say("running the reference (transformers, torch FP32)")
         reference, reference_facts = _reference_run(source_dir, config, model_type, ids, steps)
 
-    run = {
+    run = _run_facts(package_dir, source_dir, model_type, providers, verdicts)
+    run.update(
+        prompt_ids=ids,
+        prompt_origin=prompt_origin,
+        steps=names,
+        execution_order=order,
+        not_compared=not_compared,
+        instrumentation=facts.get("instrumentation", {}),
+        reference=reference_facts,
+    )
+    return _finish(out_dir, _decide(run, ours, reference), ours, reference)
+
+
+def _run_facts(
+    package_dir: Path,
+    source_dir: Path,
+    model_type: str,
+    providers: list[str],
+    verdicts: dict[str, Verdict],
+) -> dict[str, Any]:
+    """The facts every run records (report.json's "run"), before the run's own."""
+    return {
         "package": str(package_dir.resolve()),
         "source": str(source_dir.resolve()),
         "model_type": model_type,
-        "prompt_ids": ids,
-        "prompt_origin": prompt_origin,
         "providers": providers,
-        "steps": names,
-        "execution_order": order,
-        "not_compared": not_compared,
-        "instrumentation": facts.get("instrumentation", {}),
-        "reference": reference_facts,
         "versions": versions(),
         "files": graph_files(package_dir),
         "arrays": ARRAYS_FILE,
@@ -399,8 +413,16 @@ def qualify(
             "source_fidelity": verdicts["source_fidelity"].as_dict(),
         },
     }
-    _save_arrays(out_dir / ARRAYS_FILE, ours, reference, run)
-    report = _decide(run, ours, reference)
+
+
+def _finish(
+    out_dir: Path,
+    report: QualifyReport,
+    ours: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+) -> QualifyReport:
+    """Save the arrays and report.json of a run into `out_dir`."""
+    _save_arrays(out_dir / ARRAYS_FILE, ours, reference, report.run)
     report.directory = out_dir
     (out_dir / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=_json))
     return report
@@ -422,27 +444,14 @@ def _qualify_omni(
     verdicts, facts, ours, reference = qualify_omni_verdicts(
         package_dir, source_dir, steps, providers, quiet
     )
-    run = {
-        "package": str(package_dir.resolve()),
-        "source": str(source_dir.resolve()),
-        "model_type": OMNI_MODEL_TYPE,
-        "prompt_origin": "synthetic processed media and a two-image prompt (qualify_omni.py)",
-        "providers": providers,
-        "not_compared": {},
-        "instrumentation": {},
-        "versions": versions(),
-        "files": graph_files(package_dir),
-        "arrays": ARRAYS_FILE,
-        "saved_verdicts": {
-            "graph_validity": verdicts["graph_validity"].as_dict(),
-            "source_fidelity": verdicts["source_fidelity"].as_dict(),
-        },
+    run = _run_facts(package_dir, source_dir, OMNI_MODEL_TYPE, providers, verdicts)
+    run.update(
+        prompt_origin="synthetic processed media and a two-image prompt (qualify_omni.py)",
+        not_compared={},
+        instrumentation={},
         **facts,
-    }
-    _save_arrays(out_dir / ARRAYS_FILE, ours, reference, run)
-    report = QualifyReport(verdicts, run, out_dir)
-    (out_dir / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=_json))
-    return report
+    )
+    return _finish(out_dir, QualifyReport(verdicts, run), ours, reference)
 
 
 def _decide(

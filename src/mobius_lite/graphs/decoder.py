@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import onnx_ir as ir
-from onnx_ir.passes.common.naming import NameFixPass
 from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import (
@@ -17,16 +16,9 @@ from mobius_lite.components.context import (
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Precision
 from mobius_lite.formats.weight import WeightFormat
+from mobius_lite.graphs.builder import graph_value, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
-
-OPSET = 27
-IR_VERSION = 11
-
-
-def graph_value(name: str, dtype: ir.DataType, shape: tuple[int | str, ...]) -> ir.Value:
-    """A graph input / output value with its element type and (symbolic) shape."""
-    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(list(shape)))
 
 
 def build_decoder(
@@ -65,13 +57,7 @@ def build_decoder(
     cache = cache_tensors(config.layers, dtype)
     past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
 
-    graph = ir.Graph(
-        inputs=[tokens, mask, *past.values()],
-        outputs=[],
-        nodes=[],
-        opset_imports={"": OPSET},
-        name="nemotron_h_decoder",
-    )
+    graph = new_graph("nemotron_h_decoder", [tokens, mask, *past.values()])
     builder = GraphBuilder(graph)
     logits, presents, layer_outputs = module(builder.op, tokens, mask, past)
 
@@ -95,7 +81,4 @@ def build_decoder(
             exposed.shape = ir.Shape(["rows", config.hidden_size])
             outputs.append(exposed)
     graph.outputs.extend(outputs)
-    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")
-    # Subgraph builders number values per graph; make names unique across nested scopes.
-    NameFixPass()(model)
-    return model, module
+    return to_model(graph), module

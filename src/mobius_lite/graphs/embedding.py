@@ -12,15 +12,14 @@ whose decoder also reads it (tied logits) declares it shared and writes it once.
 from __future__ import annotations
 
 import onnx_ir as ir
-from onnx_ir.passes.common.naming import NameFixPass
 from onnxscript import GraphBuilder, OpBuilder, nn
 
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Embedding
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Precision
+from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH
-from mobius_lite.graphs.decoder import IR_VERSION, OPSET, graph_value
 
 
 class _Backbone(nn.Module):
@@ -69,18 +68,8 @@ def build_embedding_graph(
         (graph_value(name, precision.ir_dtype, (f"{name}_rows", config.hidden_size)), token)
         for name, token in (media or {}).items()
     ]
-    graph = ir.Graph(
-        inputs=[ids, *(f for f, _ in features)],
-        outputs=[],
-        nodes=[],
-        opset_imports={"": OPSET},
-        name="embedding",
-    )
+    graph = new_graph("embedding", [ids, *(f for f, _ in features)])
     embeds = module(GraphBuilder(graph).op, ids, features)
-    embeds.name = "inputs_embeds"
-    embeds.type = ir.TensorType(precision.ir_dtype)
-    embeds.shape = ir.Shape([BATCH, "sequence", config.hidden_size])
-    graph.outputs.append(embeds)
-    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")
-    NameFixPass()(model)
-    return model
+    shape = [BATCH, "sequence", config.hidden_size]
+    graph.outputs.append(name_output(embeds, "inputs_embeds", precision.ir_dtype, shape))
+    return to_model(graph)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx_ir as ir
-from onnxscript import GraphBuilder, OpBuilder, nn
+from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import cast_to
-from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.parakeet import (
     ParakeetEncoder,
     ParakeetSpec,
@@ -28,10 +28,7 @@ from mobius_lite.components.parakeet import (
 )
 from mobius_lite.components.projector import MultiModalProjector
 from mobius_lite.components.radio import ints
-from mobius_lite.enums import Precision
 
-OPSET = 27
-IR_VERSION = 11
 FLOAT = ir.DataType.FLOAT
 INT64 = ir.DataType.INT64
 # What NemotronH_Omni_Reasoning_V3_Config supplies when an audio config omits them (released
@@ -101,40 +98,3 @@ class OmniAudioModel(nn.Module):
         # other rows first changes nothing
         rows = op.Gather(rows, op.Squeeze(op.NonZero(keep), ints(op, 0)), axis=0)
         return self.embed_audio(op, rows)
-
-
-__all__ = ["OmniAudioConfig", "OmniAudioModel", "build_audio_graph"]
-
-
-def build_audio_graph(
-    config: OmniAudioConfig,
-    dtype: ir.DataType | Precision | str = FLOAT,
-    *,
-    ctx: BuildContext | None = None,
-) -> ir.Model:
-    """The audio graph (weights unbound: initializers named like the checkpoint, no data)."""
-    if ctx is None:
-        if not isinstance(dtype, ir.DataType):
-            dtype = Precision.parse(dtype).ir_dtype
-        ctx = BuildContext(dtype)
-    module = OmniAudioModel(config, ctx)
-    apply_weight_formats(module, ctx)
-    features = ir.Value(
-        name="input_features",
-        type=ir.TensorType(FLOAT),
-        shape=ir.Shape(["clips", "frames", config.encoder.num_mel_bins]),
-    )
-    mask = ir.Value(
-        name="input_features_mask",
-        type=ir.TensorType(INT64),
-        shape=ir.Shape(["clips", "frames"]),
-    )
-    graph = ir.Graph(
-        inputs=[features, mask], outputs=[], nodes=[], opset_imports={"": OPSET}, name="omni_audio"
-    )
-    out = module(GraphBuilder(graph).op, features, mask)
-    out.name = "audio_features"
-    out.type = ir.TensorType(ctx.dtype)
-    out.shape = ir.Shape(["num_audio_tokens", config.text_hidden_size])
-    graph.outputs.append(out)
-    return ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx_ir as ir
-from onnx_ir.passes.common.naming import NameFixPass
-from onnxscript import GraphBuilder, OpBuilder, nn
+from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import cast_to
-from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.evs import retention_mask
 from mobius_lite.components.projector import MultiModalProjector, pixel_shuffle, pixel_shuffle_order
 from mobius_lite.components.radio import (
@@ -32,10 +31,7 @@ from mobius_lite.components.radio import (
     empty_rows,
     ints,
 )
-from mobius_lite.enums import Precision
 
-OPSET = 27
-IR_VERSION = 11
 FLOAT = ir.DataType.FLOAT
 INT64 = ir.DataType.INT64
 
@@ -168,104 +164,3 @@ class OmniVisionModel(nn.Module):
         features = self._project(op, hidden, order)
         mask = retention_mask(op, features, videos, tubelets, self.config.video_pruning_rate)
         return features, mask
-
-
-__all__ = [
-    "OmniVisionConfig",
-    "OmniVisionModel",
-    "build_video_graph",
-    "build_vision_graph",
-]
-
-
-def _context(dtype: ir.DataType | Precision | str, ctx: BuildContext | None) -> BuildContext:
-    if ctx is not None:
-        return ctx
-    if not isinstance(dtype, ir.DataType):
-        dtype = Precision.parse(dtype).ir_dtype
-    return BuildContext(dtype)
-
-
-def _module(config: OmniVisionConfig, ctx: BuildContext) -> OmniVisionModel:
-    module = OmniVisionModel(config, ctx)
-    apply_weight_formats(module, ctx)
-    return module
-
-
-def _value(name: str, dtype: ir.DataType, shape: list[int | str]) -> ir.Value:
-    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
-
-
-def _finish(graph: ir.Graph, outputs: list[tuple[ir.Value, str, ir.DataType, list]]) -> ir.Model:
-    for value, name, dtype, shape in outputs:
-        value.name = name
-        value.type = ir.TensorType(dtype)
-        value.shape = ir.Shape(shape)
-        graph.outputs.append(value)
-    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="mobius_lite")
-    NameFixPass()(model)  # Loop bodies number their values per graph
-    return model
-
-
-def build_vision_graph(
-    config: OmniVisionConfig,
-    dtype: ir.DataType | Precision | str = FLOAT,
-    *,
-    ctx: BuildContext | None = None,
-) -> ir.Model:
-    """The image graph (weights unbound: initializers named like the checkpoint, no data)."""
-    ctx = _context(dtype, ctx)
-    dtype = ctx.dtype
-    module = _module(config, ctx)
-    pixels = _value("pixel_values", FLOAT, ["total_patches", config.radio.patch_dim])
-    grid = _value("image_grid_hw", INT64, ["num_images", 2])
-    graph = ir.Graph(
-        inputs=[pixels, grid], outputs=[], nodes=[], opset_imports={"": OPSET}, name="omni_vision"
-    )
-    features = module(GraphBuilder(graph).op, pixels, grid)
-    return _finish(
-        graph,
-        [(features, "image_features", dtype, ["num_image_tokens", config.text_hidden_size])],
-    )
-
-
-def build_video_graph(
-    config: OmniVisionConfig,
-    dtype: ir.DataType | Precision | str = FLOAT,
-    *,
-    ctx: BuildContext | None = None,
-) -> ir.Model:
-    """The video graph: same initializer names as the image graph, plus video_patch_projection."""
-    ctx = _context(dtype, ctx)
-    dtype = ctx.dtype
-    spec = config.radio
-    if spec.video_temporal_patch_size is None:
-        raise ValueError("the video graph needs vision_config.video_temporal_patch_size")
-    module = _module(config, ctx)
-    videos = _value(
-        "pixel_values_videos",
-        FLOAT,
-        [
-            "num_videos",
-            "num_tubelets",
-            spec.video_temporal_patch_size * spec.num_channels,
-            "height",
-            "width",
-        ],
-    )
-    graph = ir.Graph(
-        inputs=[videos], outputs=[], nodes=[], opset_imports={"": OPSET}, name="omni_video"
-    )
-    op = GraphBuilder(graph).op
-    op.builder.push_module("", type(module).__qualname__)
-    try:
-        features, mask = module.video(op, videos)
-    finally:
-        op.builder.pop_module()
-    return _finish(
-        graph,
-        [
-            (features, "video_features", dtype, ["num_video_tokens", config.text_hidden_size]),
-            (mask, "video_retention_mask", ir.DataType.BOOL, ["num_video_tokens"]),
-        ],
-    )

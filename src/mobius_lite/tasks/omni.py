@@ -23,19 +23,20 @@ from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
+from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
 from mobius_lite.models.nemotron_h_names import (
     LM_HEAD_WEIGHT,
     logits_from_embeddings,
     unused_tensor_rules,
 )
-from mobius_lite.models.omni_audio import OmniAudioConfig, build_audio_graph
+from mobius_lite.models.omni_audio import OmniAudioConfig
 from mobius_lite.models.omni_names import (
     LANGUAGE_MODEL,
     OMNI_UNUSED,
     LanguageModelNames,
     OmniTowerNames,
 )
-from mobius_lite.models.omni_vision import OmniVisionConfig, build_video_graph, build_vision_graph
+from mobius_lite.models.omni_vision import OmniVisionConfig
 from mobius_lite.package import GraphRecord
 from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
