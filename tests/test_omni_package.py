@@ -30,7 +30,7 @@ from mobius_lite.omni_runtime import Media, OmniSession, PlaceholderError
 from mobius_lite.weights.binding import graph_parameters
 from mobius_lite.weights.verify import verify_package
 from nemotron_reference import TINY_BASE, pinned_torch, randomize, reference_cache_arrays
-from omni_audio_fixtures import SMALL_AUDIO
+from omni_audio_fixtures import SMALL_AUDIO, WIDER_AUDIO
 from omni_fixtures import TINY_VISION, pack_images, pack_video
 
 IMAGE_TOKEN, VIDEO_TOKEN, AUDIO_TOKEN = 90, 91, 92
@@ -38,13 +38,15 @@ TEXT = {**TINY_BASE, "layers_block_type": ["mamba", "attention", "moe", "mamba"]
 STEPS = 5
 
 
-def make_omni(audio: bool, final_layernorm: bool, rate: float, seed: int) -> Any:
+def make_omni(
+    audio: bool, final_layernorm: bool, rate: float, seed: int, audio_config: dict | None = None
+) -> Any:
     """A tiny FP32 eager Omni model with every tensor non-trivial (LayerScale too)."""
     text = {**TEXT, "num_nextn_predict_layers": 1 if final_layernorm else 0}
     config = NemotronH_Omni_Reasoning_V3_Config(
         vision_config=dict(TINY_VISION),
         text_config=text,
-        audio_config=dict(SMALL_AUDIO) if audio else None,
+        audio_config=dict(audio_config or SMALL_AUDIO) if audio else None,
         vision_hidden_size=TINY_VISION["hidden_size"],
         projector_hidden_size=40,
         downsample_ratio=0.5,
@@ -226,11 +228,25 @@ def test_video_with_evs_matches_transformers(exported, frames: int) -> None:
     gate("video_features", prepared.features["image_features"], features.numpy()[keep])
 
 
-def test_two_audio_clips_match_transformers(exported) -> None:
-    model, _, package = exported
+@pytest.fixture(scope="module")
+def exported_wider_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
+    """A second audio tower: another size, no attention bias, no input scaling."""
+    root = tmp_path_factory.mktemp("omni-wider-audio")
+    model = make_omni(True, False, 0.0, seed=9, audio_config=WIDER_AUDIO)
+    model.save_pretrained(root / "checkpoint")
+    assert (
+        main(["build", "--model", str(root / "checkpoint"), "--output", str(root / "pkg"), "-q"])
+        == 0
+    )
+    return model, root / "checkpoint", root / "pkg"
+
+
+@pytest.mark.parametrize("which", ["exported", "exported_wider_audio"])
+def test_two_audio_clips_match_transformers(which: str, request: pytest.FixtureRequest) -> None:
+    model, _, package = request.getfixturevalue(which)
     session = OmniSession(package)
     rng = np.random.default_rng(3)
-    bins = SMALL_AUDIO["num_mel_bins"]
+    bins = model.config.audio_config.num_mel_bins
     features = rng.standard_normal((2, 48, bins)).astype(np.float32)
     mask = np.zeros((2, 48), dtype=np.int64)
     mask[0, :48] = 1
