@@ -23,18 +23,15 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub import errors as hub_errors
 
 from mobius_lite.errors import CheckpointError, ConfigError
+from mobius_lite.layout import CONFIG_FILE, TOKENIZER_FILES
 from mobius_lite.registry import COMMIT_SHA, resolve_revision
 from mobius_lite.sources.safetensors_files import INDEX_NAME
 
 # Small files fetched first: everything needed to validate the export before the weights.
 METADATA_PATTERNS = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "chat_template.jinja",
+    CONFIG_FILE,
+    "hf_quant_config.json",  # ModelOpt's quantization, when config.json does not carry it
+    *TOKENIZER_FILES,
     INDEX_NAME,
 )
 WEIGHT_PATTERNS = ("*.safetensors",)
