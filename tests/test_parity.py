@@ -217,3 +217,25 @@ def test_tied_flag_with_own_lm_head_binds_it(tmp_path: Path) -> None:
     package = mobius_lite.build_from_module(model)
     assert "lm_head.weight" in package.plan.by_target()
     assert "lm_head.weight" not in package.plan.unused
+
+
+@pytest.mark.parametrize("path", ["scan", "loop"])
+def test_every_expert_path_matches_transformers(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The experts pick a path at run time (gathered copies for few pairs, a Scan over all
+    experts when copying would move more bytes, a Loop otherwise). At test widths only the
+    gathered path and the Loop are chosen by themselves, so each other path is forced here
+    through the thresholds the graph bakes in, and must pass the same gates."""
+    from mobius_lite.components import moe
+
+    if path == "scan":
+        monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 0)
+    else:
+        monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 1 << 40)
+        monkeypatch.setattr(moe, "GATHERED_PAIRS_LIMIT", 0)
+    spec = dict(CASES["left_padded_batch"])
+    run = run_parity(spec.pop("overrides"), tmp_path, **spec)
+    failures = run.failures(FP32_NRMSE, FP32_COSINE)
+    assert not failures, "\n".join(f"{c.name}: nrmse={c.nrmse:.3e}" for c in failures)
+    assert run.exported_tokens == run.reference_tokens

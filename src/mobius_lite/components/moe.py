@@ -2,8 +2,8 @@
 projections and shared expert.
 
 Experts are stored stacked (up_proj [E, I, D], down_proj [E, D, I]). Only the experts selected
-in this call are read and multiplied, on one of two paths picked at run time (see Experts);
-the node count does not depend on E.
+in this call are multiplied, on one of three paths picked at run time (see Experts); the node
+count does not depend on E.
 """
 
 from __future__ import annotations
@@ -16,10 +16,15 @@ from mobius_lite.components.context import BuildContext, WeightedModule
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
 from mobius_lite.configs.layers import MoESpec
+from mobius_lite.formats.weight import DenseWeight
 
 INT64 = ir.DataType.INT64
 # Up to this many (row, expert) pairs the experts run as one gathered batched matmul.
 GATHERED_PAIRS_LIMIT = 16
+# What one Scan iteration over an unselected expert costs on onnxruntime CPU, in bytes of
+# weight copy it is worth (~3 us at ~10 GB/s, measured; rounded up). Copying the selected
+# experts' weights (Gather) pays off only while it moves fewer bytes than E such iterations.
+SCAN_ITERATION_BYTES = 64 * 1024
 
 
 class TopkRouter(nn.Module):
@@ -82,20 +87,35 @@ class Experts(WeightedModule):
         self.weight_slot("up_proj", (e, inner, input_size))
         self.weight_slot("down_proj", (e, input_size, inner))
 
+    def _expert_bytes(self) -> int:
+        """Bytes of one expert's up and down weights in the activation precision."""
+        return int(2 * self.spec.moe_intermediate_size * self.input_size * self.ctx.dtype.itemsize)
+
+    def _scannable(self) -> bool:
+        """Dense stacked weights can be sliced per expert by Scan without a copy."""
+        return all(isinstance(self.weight_format_of(a), DenseWeight) for a in self._slots)
+
     def forward(self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
         """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D].
 
-        Few (row, expert) pairs (decode): gather those experts' weights and run one batched
-        matmul, no Loop. Many (prefill): Loop over the distinct selected experts, each running
-        on the rows that chose it. Both read only selected experts; an If picks at run time.
+        Three paths, all reading only selected experts' weights, picked at run time by the
+        number of (row, expert) pairs P:
+        - gathered (P <= 16): gather the selected experts' weights (a copy) and run one batched
+          matmul, no Loop;
+        - looped: Loop over the distinct selected experts, each (copied by Gather) running on
+          the rows that chose it;
+        - scanned (dense weights, when copying P experts would move more bytes than E Scan
+          iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
+          to the body without a copy; an If skips the unselected ones.
         """
         flat_expert = op.Reshape(indices, op.Constant(value_ints=[-1]))
         flat_weight = op.Reshape(weights, op.Constant(value_ints=[-1]))
+        pairs = op.Size(flat_expert)
         few_pairs = op.LessOrEqual(
-            op.Size(flat_expert), op.Constant(value=ir.tensor(GATHERED_PAIRS_LIMIT, dtype=INT64))
+            pairs, op.Constant(value=ir.tensor(GATHERED_PAIRS_LIMIT, dtype=INT64))
         )
 
-        def branch(path, name: str) -> ir.Graph:
+        def branch(op: OpBuilder, path, name: str) -> ir.Graph:
             output = ir.Value(
                 name="routed", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", self.input_size])
             )
@@ -106,9 +126,27 @@ class Experts(WeightedModule):
                 name=name,
             )
 
-        gathered = branch(self._gathered, "experts_gathered")
-        looped = branch(self._looped, "experts_looped")
-        return op.If(few_pairs, then_branch=gathered, else_branch=looped)
+        def copying(op: OpBuilder, x: ir.Value, flat_expert: ir.Value, flat_weight: ir.Value):
+            gathered = branch(op, self._gathered, "experts_gathered")
+            looped = branch(op, self._looped, "experts_looped")
+            routed = op.If(few_pairs, then_branch=gathered, else_branch=looped)
+            # As both branches declare: ONNX inference cannot type an If whose branches hold
+            # contrib ops (a packed weight format's gathers).
+            routed.type = ir.TensorType(FLOAT)
+            routed.shape = ir.Shape(["rows", self.input_size])
+            return routed
+
+        if not self._scannable():
+            return copying(op, x, flat_expert, flat_weight)
+        # Copy while P * expert_bytes <= E * SCAN_ITERATION_BYTES, i.e. P <= this limit. Only
+        # the limit's value depends on E, not the graph.
+        copy_limit = self.spec.n_routed_experts * SCAN_ITERATION_BYTES // self._expert_bytes()
+        copy_cheap = op.LessOrEqual(pairs, op.Constant(value=ir.tensor(copy_limit, dtype=INT64)))
+        return op.If(
+            copy_cheap,
+            then_branch=branch(op, copying, "experts_copied"),
+            else_branch=branch(op, self._scanned, "experts_scanned"),
+        )
 
     def _gathered(
         self, op: OpBuilder, x: ir.Value, flat_expert: ir.Value, flat_weight: ir.Value
@@ -187,6 +225,107 @@ class Experts(WeightedModule):
         )
         true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
         return op.Loop(trip_count, true, zeros, body=body_graph)
+
+    def _scanned(
+        self, op: OpBuilder, x: ir.Value, flat_expert: ir.Value, flat_weight: ir.Value
+    ) -> ir.Value:
+        """Scan over every expert's weight slices (views, no copy); the selected ones run on
+        the rows that chose them, accumulated like the Loop path (ScatterND add, FP32)."""
+        k, e = self.spec.num_experts_per_tok, self.spec.n_routed_experts
+        rows = op.Shape(x, start=0, end=1)
+        row_ids = op.Range(
+            op.Constant(value=ir.tensor(0, dtype=INT64)),
+            op.Squeeze(rows, op.Constant(value_ints=[0])),
+            op.Constant(value=ir.tensor(1, dtype=INT64)),
+        )
+        flat_row = op.Reshape(
+            op.Expand(
+                op.Unsqueeze(row_ids, op.Constant(value_ints=[1])),
+                op.Concat(rows, op.Constant(value_ints=[k]), axis=0),
+            ),
+            op.Constant(value_ints=[-1]),
+        )
+        # Pairs per expert, [E]; an expert with none is skipped inside the Scan.
+        counts = op.ScatterElements(
+            op.Constant(value=ir.tensor([0] * e, dtype=INT64)),
+            flat_expert,
+            op.Expand(op.Constant(value=ir.tensor(1, dtype=INT64)), op.Shape(flat_expert)),
+            axis=0,
+            reduction="add",
+        )
+        chosen = op.Greater(counts, op.Constant(value=ir.tensor(0, dtype=INT64)))
+        expert_ids = op.Range(
+            op.Constant(value=ir.tensor(0, dtype=INT64)),
+            op.Constant(value=ir.tensor(e, dtype=INT64)),
+            op.Constant(value=ir.tensor(1, dtype=INT64)),
+        )
+        zeros = op.Mul(to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
+        up = self.slot_values("up_proj")[""]
+        down = self.slot_values("down_proj")[""]
+        width = ir.Shape(["rows", self.input_size])
+        inner = self.spec.moe_intermediate_size
+
+        def body(
+            op: OpBuilder,
+            acc: ir.Value,
+            up_e: ir.Value,
+            down_e: ir.Value,
+            chosen_e: ir.Value,
+            expert: ir.Value,
+        ):
+            def run(op: OpBuilder) -> ir.Value:
+                positions = op.Squeeze(
+                    op.NonZero(op.Equal(flat_expert, expert)), op.Constant(value_ints=[0])
+                )
+                token_rows = op.Gather(flat_row, positions, axis=0)
+                gate_weight = op.Unsqueeze(
+                    op.Gather(flat_weight, positions, axis=0), op.Constant(value_ints=[1])
+                )
+                # W @ x^T keeps the stored [out, in] slice as MatMul's A operand, which
+                # onnxruntime streams as is; as Gemm's transB operand it would be re-packed
+                # on every call (it is not a constant here).
+                chosen_x = op.Transpose(op.Gather(x, token_rows, axis=0), perm=[1, 0])
+                hidden = op.MatMul(up_e, chosen_x)  # [I, n]
+                out = op.Transpose(op.MatMul(down_e, relu_squared(op, hidden)), perm=[1, 0])
+                contribution = op.Mul(to_float32(op, out), gate_weight)
+                return op.ScatterND(
+                    acc,
+                    op.Unsqueeze(token_rows, op.Constant(value_ints=[1])),
+                    contribution,
+                    reduction="add",
+                )
+
+            def keep(op: OpBuilder) -> ir.Value:
+                return op.Identity(acc)
+
+            def graph(fn, name: str) -> ir.Graph:
+                out = ir.Value(name=f"{name}_acc", type=ir.TensorType(FLOAT), shape=width)
+                return op.builder.subgraph(fn, inputs=[], outputs=[out], name=name)
+
+            return op.If(
+                chosen_e, then_branch=graph(run, "expert_run"), else_branch=graph(keep, "skip")
+            )
+
+        dtype = self.ctx.dtype
+        body_graph = op.builder.subgraph(
+            body,
+            inputs=[
+                ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=width),
+                ir.Value(
+                    name="up_e", type=ir.TensorType(dtype), shape=ir.Shape([inner, self.input_size])
+                ),
+                ir.Value(
+                    name="down_e",
+                    type=ir.TensorType(dtype),
+                    shape=ir.Shape([self.input_size, inner]),
+                ),
+                ir.Value(name="chosen_e", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
+                ir.Value(name="expert_e", type=ir.TensorType(INT64), shape=ir.Shape([])),
+            ],
+            outputs=[ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=width)],
+            name="experts_scan_body",
+        )
+        return op.Scan(zeros, up, down, chosen, expert_ids, body=body_graph, num_scan_inputs=4)
 
 
 class MoE(nn.Module):
