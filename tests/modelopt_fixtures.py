@@ -213,13 +213,15 @@ def write_checkpoint(
     seed: int = 0,
     edit: Callable[[dict[str, np.ndarray], dict[str, Any], dict[str, Any] | None], None]
     | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> Any:
     """Write a tiny ModelOpt checkpoint of `variant` to `directory`; returns the dense model.
 
     edit(tensors, config, hf_quant_config) may alter the tensors / configs before writing
     (bad-input tests). Shards > 1 write model-XXXXX-of-YYYYY.safetensors and an index.
+    `overrides` change the tiny config further (e.g. the expert count).
     """
-    model = make_reference(OVERRIDES, seed)
+    model = make_reference({**OVERRIDES, **(overrides or {})}, seed)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         config = json.loads((Path(tmp) / "config.json").read_text())

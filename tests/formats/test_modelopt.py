@@ -388,3 +388,68 @@ def test_unexpected_dtype_and_stray_scales(tmp_path: Path) -> None:
     with pytest.raises(QuantTensorError, match="does not call for") as error:
         _check(*_break(tmp_path / "b", "fp8", stray))
     assert error.value.names == ["lm_head.weight_scale"]
+
+
+# --- run-time decode, storages and weight formats (formats/modelopt/storage.py, weight.py) --
+
+
+@pytest.mark.parametrize("lead", [(), (3,)])
+def test_nvfp4_run_time_decode_is_bit_exact(lead: tuple[int, ...]) -> None:
+    packed, scale, scale_2 = random_nvfp4(np.random.default_rng(8), lead, 32, 64)
+    scale_2 = scale_2 if lead else np.array(4e-3, np.float32)
+    expected = nvfp4.dequantize(packed, scale, scale_2)
+    (out,) = run_emitter(
+        nvfp4.emit_dense_at_run_time, [packed, scale, scale_2], as_initializers=True
+    )
+    assert same_bits(out, expected)
+
+
+def test_nvfp4_rows_of_one_table_share_the_scalar_scale_2() -> None:
+    packed, scale, _ = random_nvfp4(np.random.default_rng(9), (), 32, 64)
+    scale_2 = np.array(3e-3, np.float32)
+    rows = np.array([5, 0, 5, 31], dtype=np.int64)
+    (out,) = run_emitter(
+        lambda op, w, s, s2, i: nvfp4.emit_rows(op, w, s, s2, i, per_row_scale_2=False),
+        [packed, scale, scale_2, rows],
+        as_initializers=True,
+    )
+    assert same_bits(out, nvfp4.dequantize(packed, scale, scale_2)[rows])
+
+
+def test_storages_are_verbatim_and_refuse_dense_targets() -> None:
+    from mobius_lite.errors import RouteError
+    from mobius_lite.formats.dense import dense
+    from mobius_lite.formats.modelopt import storage
+
+    codes, weights, scales = (
+        storage.nvfp4_codes(()),
+        storage.fp8_weights((1,)),
+        storage.e4m3_scales(),
+    )
+    assert (codes.name, weights.name, scales.name) == ("uint8", "float8_e4m3fn", "float8_e4m3fn")
+    assert codes.conversion_to(dense(np.uint8)).verbatim
+    assert weights.conversion_to(dense(E4M3)).verbatim
+    raw = bytes(range(256))
+    assert scales.conversion_to(dense(np.uint8)).convert(raw) == raw  # the bits, not a cast
+    for s in (codes, weights):
+        with pytest.raises(RouteError, match="--dequantize"):
+            s.conversion_to(dense(np.float32))
+
+
+def test_weight_formats_parameters_and_routes() -> None:
+    from mobius_lite.errors import RouteError
+    from mobius_lite.formats.modelopt import storage
+
+    f16 = ir.DataType.FLOAT16
+    fmt = storage.nvfp4_codes(()).weight_format(f16, "ort", (8, 64, 32), True)
+    assert not fmt.kernel  # stacked experts decode with standard ops on every backend
+    shapes = {k: (p.shape, p.dtype) for k, p in fmt.parameters((8, 64, 32)).items()}
+    assert shapes == {
+        "": (ir.Shape([8, 64, 16]), ir.DataType.UINT8),
+        "_scale": (ir.Shape([8, 64, 2]), ir.DataType.FLOAT8E4M3FN),
+        "_scale_2": (ir.Shape([8]), ir.DataType.FLOAT),
+    }
+    kernel = storage.nvfp4_codes((1,)).weight_format(f16, "ort", (64, 32), False)
+    assert kernel.kernel and kernel.parameters((64, 32))["_scale"].dtype == ir.DataType.UINT8
+    with pytest.raises(RouteError, match="float16 or bfloat16"):
+        storage.fp8_weights(()).weight_format(ir.DataType.FLOAT, "ort", (64, 32), False)

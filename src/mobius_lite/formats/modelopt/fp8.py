@@ -91,18 +91,36 @@ def emit_rows(
     onnxruntime's CPU Gather has no float8 kernel, so the rows are gathered and widened in one
     com.microsoft GatherBlockQuantized (scale 1: exact), then scaled per expert.
     """
-    ones = op.Constant(value=ir.tensor(np.ones((1, 1, 1), dtype=np.float32)))
+    rows = gather_widened(op, weight, indices)
+    scale = op.Gather(weight_scale, indices, axis=0)
+    return op.Mul(rows, _per_row_scale(op, scale))
+
+
+def gather_widened(op: OpBuilder, data: ir.Value, indices: ir.Value) -> ir.Value:
+    """data[indices] along axis 0 as FLOAT, for FLOAT8E4M3FN / FLOAT4E2M1 data (exact).
+
+    onnxruntime's CPU Gather and Cast take no 4-bit floats and Gather no float8;
+    com.microsoft GatherBlockQuantized takes both (scale 1, one block per row). Its output
+    is typed here: ONNX type inference does not know the contrib op, and an untyped value
+    would leave everything downstream (an If that contains it) untyped.
+    """
+    if data.shape is None:
+        raise ValueError(f"{data.name}: gathering rows needs a value of known rank")
+    rank = data.shape.rank()
+    ones = op.Constant(value=ir.tensor(np.ones((1,) * rank, dtype=np.float32)))
     rows = op.GatherBlockQuantized(
-        weight,
+        data,
         indices,
         ones,
         block_size=0,
-        quantize_axis=2,
+        quantize_axis=rank - 1,
         gather_axis=0,
         _domain="com.microsoft",
     )
-    scale = op.Gather(weight_scale, indices, axis=0)
-    return op.Mul(rows, _per_row_scale(op, scale))
+    rows.type = ir.TensorType(FLOAT)
+    if indices.shape is not None:
+        rows.shape = ir.Shape([*indices.shape.dims, *data.shape.dims[1:]])
+    return rows
 
 
 def emit_matmul_ort(

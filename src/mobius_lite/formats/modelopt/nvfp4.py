@@ -17,7 +17,12 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.errors import CheckpointError
-from mobius_lite.formats.modelopt.fp8 import E4M3_VALUES, e4m3_to_float32, type_matmul_output
+from mobius_lite.formats.modelopt.fp8 import (
+    E4M3_VALUES,
+    e4m3_to_float32,
+    gather_widened,
+    type_matmul_output,
+)
 
 FLOAT = ir.DataType.FLOAT
 GROUP_SIZE = 16
@@ -45,10 +50,18 @@ def unpack_codes(packed: np.ndarray) -> np.ndarray:
     return codes.reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
 
 
+def _byte_pairs() -> np.ndarray:
+    """float32 [256, 2]: the two E2M1 values of every byte (low nibble = even k first)."""
+    return E2M1_VALUES[unpack_codes(np.arange(256, dtype=np.uint8)[:, None])]
+
+
 def pack_codes(codes: np.ndarray) -> np.ndarray:
     """codes uint8 [..., K] (K even, values < 16) -> uint8 [..., K/2], the stored layout."""
     codes = codes.astype(np.uint8)
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+BYTE_PAIRS: np.ndarray = _byte_pairs()
 
 
 def dequantize(
@@ -109,16 +122,7 @@ def _widen_rows(op: OpBuilder, data: ir.Value, indices: ir.Value) -> ir.Value:
     onnxruntime's CPU kernels for Gather, Cast and DequantizeLinear take neither 4-bit floats
     nor (Gather) float8; com.microsoft GatherBlockQuantized takes both. Scale 1, one block.
     """
-    rank = _rank(data)
-    return op.GatherBlockQuantized(
-        data,
-        indices,
-        _ones(op, rank),
-        block_size=0,
-        quantize_axis=rank - 1,
-        gather_axis=0,
-        _domain=MS,
-    )
+    return gather_widened(op, data, indices)
 
 
 def _all_rows(op: OpBuilder, data: ir.Value) -> ir.Value:
@@ -188,22 +192,49 @@ def emit_dense(
     )
 
 
+def emit_dense_at_run_time(
+    op: OpBuilder, weight: ir.Value, weight_scale: ir.Value, weight_scale_2: ir.Value
+) -> ir.Value:
+    """FLOAT [..., N, K] like `emit_dense`, decoded at every run instead of once at load.
+
+    onnxruntime constant-folds a decode whose inputs are all initializers (bit ops, Gather,
+    Cast, Mul) into a dense FLOAT initializer when the session is created, so the packed
+    bytes would be dense in memory. Its constant folding leaves DequantizeLinear alone, so
+    both chains start there: the code bytes (UINT8) and the block scales (FLOAT8E4M3FN) are
+    widened to FLOAT by DequantizeLinear with scale 1 (exact); each byte then looks up its two
+    E2M1 values in a [256, 2] table (low nibble first), and the rest is `emit_dense`'s math.
+    """
+    for value, dtype in ((weight, ir.DataType.UINT8), (weight_scale, ir.DataType.FLOAT8E4M3FN)):
+        if value.dtype != dtype:
+            raise ValueError(
+                f"{value.name}: run-time NVFP4 decode needs {dtype}, not {value.dtype}"
+            )
+    one = op.Constant(value=ir.tensor(np.float32(1.0)))
+    byte = op.Cast(op.DequantizeLinear(weight, one), to=ir.DataType.INT64)  # [..., N, K/2]
+    pairs = op.Constant(value=ir.tensor(BYTE_PAIRS))
+    values = op.Gather(pairs, byte, axis=0)  # [..., N, K/2, 2]
+    scales = op.DequantizeLinear(weight_scale, one)
+    return _combine(op, values, scales, weight_scale_2)
+
+
 def emit_rows(
     op: OpBuilder,
     weight: ir.Value,
     weight_scale: ir.Value,
     weight_scale_2: ir.Value,
     indices: ir.Value,
+    per_row_scale_2: bool = True,
 ) -> ir.Value:
     """FLOAT [S, N, K]: experts `indices` [S] of stacked [E, ...] NVFP4 storage, dequantized.
 
     Only the selected experts are gathered and decoded (the packed bytes are what is gathered).
+    `per_row_scale_2`: weight_scale_2 is [E] (one per expert, gathered with them); False: one
+    scalar for the whole tensor (rows of a single linear, e.g. an embedding table).
     """
+    # a scalar scale_2 broadcasts over [S, N, K] as it is; per-expert ones are gathered
+    scale_2 = op.Gather(weight_scale_2, indices, axis=0) if per_row_scale_2 else weight_scale_2
     return _combine(
-        op,
-        _code_values(op, weight, indices),
-        _scale_values(op, weight_scale, indices),
-        op.Gather(weight_scale_2, indices, axis=0),
+        op, _code_values(op, weight, indices), _scale_values(op, weight_scale, indices), scale_2
     )
 
 

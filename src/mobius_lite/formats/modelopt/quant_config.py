@@ -211,8 +211,12 @@ def _config_json_section(qc: Mapping[str, Any]) -> _Section:
 
 def _agree(first: _Section, second: _Section) -> None:
     """Both files describe one checkpoint: every field both state must be equal."""
+
+    def shown(value: Any) -> Any:
+        return sorted(value) if isinstance(value, frozenset) else value
+
     differing = [
-        f"{name}: {a!r} ({first.source}) vs {b!r} ({second.source})"
+        f"{name}: {shown(a)!r} ({first.source}) vs {shown(b)!r} ({second.source})"
         for name in ("quant_algo", "group_size", "kv_cache_algo", "exclude", "layers")
         if (a := getattr(first, name)) is not None
         and (b := getattr(second, name)) is not None
