@@ -374,3 +374,29 @@ def test_qualify_catches_a_changed_vision_weight(exported, tmp_path: Path) -> No
     assert report.verdicts["graph_validity"].status == "PASS"
     assert report.verdicts["source_fidelity"].status == "FAIL"
     assert report.verdicts["numerical_parity"].status == "FAIL"
+
+
+def test_build_from_module_binds_the_transformers_names(exported, tmp_path: Path) -> None:
+    """An in-memory Omni model names its tensors the transformers way (q_proj / k_proj /
+    v_proj, multi_modal_projector, audio_tower, language_model.model.*); the package built from
+    it holds exactly the bytes of the one built from save_pretrained's released layout
+    (transformers' own conversion fuses attn.qkv)."""
+    import onnx
+    from onnx import numpy_helper
+
+    import mobius_lite
+
+    model, _, package = exported
+    out = mobius_lite.build_from_module(model).save(tmp_path / "pkg", quiet=True)
+    for graph in ("vision_encoder.onnx", "video_encoder.onnx", "audio_encoder.onnx", "model.onnx"):
+        ours = onnx.load(str(out / graph))
+        theirs = onnx.load(str(package / graph))
+        a = {t.name: numpy_helper.to_array(t) for t in ours.graph.initializer}
+        b = {t.name: numpy_helper.to_array(t) for t in theirs.graph.initializer}
+        assert a.keys() == b.keys(), graph
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{graph}: {name}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    source = manifest["sources"]["vision_model.encoder.layer.0.attention.q_proj.weight"]
+    assert source["transform"] == "concat"
+    assert source["initializer"] == "vision_model.encoder.layer.0.attention.qkv.weight"

@@ -12,6 +12,7 @@ from typing import Any
 
 from mobius_lite.components.context import Backend
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.configs.loader import load_text_config
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import Precision
@@ -95,7 +96,13 @@ def build(
         check_task(task)
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
-    opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
+    opened = open_checkpoint(
+        model,
+        revision,
+        gguf_file=gguf_file,
+        config_json=config,
+        read_gguf_config=config_from_checkpoint,
+    )
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, opened.kind)
     if opened.raw_config.get("model_type") == OMNI_MODEL_TYPE:

@@ -15,6 +15,12 @@ Each change is recorded here as data, so the binding can carry it (graph-side) o
 - ffn_up_exps / ffn_down_exps are the per-expert matrices stacked as [E, N, K], which is the
   checkpoint's stacked `...experts.up_proj` / `...experts.down_proj` layout as is.
 - dt_bias and e_score_correction_bias are renamed to ssm_dt.bias / exp_probs_b.bias.
+
+`GGUFNames` is the binding's NameMap built from these mappings: graph parameter -> GGUF
+tensor, with SourceRef(reshape=True) for the reshapes and a RowPermutation layout (whole rows,
+bytes unchanged) undoing the q/k permutation, so the exported K cache is transformers'. The
+MatMulNBits parameters of a Q8_0 / Q4_0 weight (`<slot>_nbits_b`, `<slot>_nbits_scales`) map
+to the same GGUF tensor as parts of one lossless re-layout.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
+from mobius_lite.formats.ggml.weight import NBITS_PARTS
+from mobius_lite.formats.storage import Conversion
+from mobius_lite.models.nemotron_h_names import SourceLayout
+from mobius_lite.sources.base import TensorInfo
+from mobius_lite.sources.names import Candidate, SourceRef
 
 ARCHITECTURES = ("nemotron_h", "nemotron_h_moe")
 CHECKPOINT_PREFIX = "backbone."
@@ -219,3 +231,73 @@ def nemotron_h_gguf_mapping(checkpoint: Any) -> list[GGUFTensorMapping]:
             f"{len(unknown)} GGUF tensor(s) are not Nemotron-H tensors of {arch}: {shown}{more}"
         )
     return mappings
+
+
+# --------------------------------------------------------------------------- name map
+Layout = Callable[[Conversion, TensorInfo], Conversion]
+
+
+def graph_parameter(mapping: GGUFTensorMapping) -> str:
+    """The decoder parameter a GGUF tensor feeds: its checkpoint name, except that stored
+    A = -exp(A_log) feeds the graph's `mixer.A` (the mixer computes with A as stored)."""
+    if mapping.values is ValueTransform.NEGATED_EXP:
+        return mapping.checkpoint_name.removesuffix("A_log") + "A"
+    return mapping.checkpoint_name
+
+
+def row_permutation(heads: int) -> Layout:
+    """The layout that undoes LlamaModel.permute: rows reordered inside each head."""
+
+    def layout(conversion: Conversion, info: TensorInfo) -> Conversion:
+        rows = info.shape[0]
+        order = head_row_order(rows, heads)[: rows // heads]  # the same order in every head
+        return RowPermutation(conversion, info.nbytes // rows, tuple(int(i) for i in order))
+
+    return layout
+
+
+def relayout_part(part: str) -> Layout:
+    """The layout giving one MatMulNBits part of a Q8_0 / Q4_0 tensor (replaces verbatim)."""
+
+    def layout(conversion: Conversion, info: TensorInfo) -> Conversion:
+        if not isinstance(info.storage, GGMLStorage):
+            raise CheckpointError(
+                f"{info.name}: stored as {info.storage.name}, not a ggml block type; it has no "
+                f"MatMulNBits {part}"
+            )
+        return RelayoutPart(info.storage.type, part)
+
+    return layout
+
+
+def _then(first: Layout, second: Layout) -> Layout:
+    return lambda conversion, info: second(first(conversion, info), info)
+
+
+class GGUFNames:
+    """The NameMap of a Nemotron-H GGUF: graph parameter -> its GGUF tensor (see module doc)."""
+
+    def __init__(self, mappings: list[GGUFTensorMapping]) -> None:
+        self._by_parameter = {graph_parameter(m): m for m in mappings}
+
+    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
+        part = None
+        for suffix, name in NBITS_PARTS.items():
+            if target.endswith(suffix):
+                target, part = target.removesuffix(suffix), name
+        mapping = self._by_parameter.get(target)
+        if mapping is None:
+            return []
+        layout = relayout_part(part) if part else None
+        if mapping.layout is LayoutTransform.HEAD_ROW_PERMUTE:
+            assert mapping.heads is not None
+            permute = row_permutation(mapping.heads)
+            layout = permute if layout is None else _then(layout, permute)
+        reshape = mapping.layout is LayoutTransform.RESHAPE
+        return [SourceRef((mapping.gguf_name,), reshape=reshape, layout=layout)]
+
+
+def gguf_source_layout(source: Any) -> SourceLayout:
+    """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map, and A stored
+    as A = -exp(A_log)."""
+    return SourceLayout(names=GGUFNames(nemotron_h_gguf_mapping(source)), mamba_a="A")

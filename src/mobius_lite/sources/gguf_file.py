@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.formats.ggml.storage import GGMLStorage
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGML_TYPES_BY_ID, GGMLType
 from mobius_lite.sources.base import TensorInfo
 
@@ -134,8 +135,9 @@ def _field_value(reader: GGUFReader, key: str) -> Any:
 class GGUFCheckpoint:
     """Tensors of a GGUF file or split set, indexed lazily by GGUF name (TensorSource).
 
-    `info` describes the stored bytes: quantized types are uint8 [..., row_bytes]; F32 / F16 /
-    BF16 keep their float dtype. `logical_shape` is the element shape in numpy order.
+    `info` describes the stored bytes: quantized types are uint8 [..., row_bytes] with
+    GGMLStorage (their ggml type); F32 / F16 / BF16 keep their float dtype (dense storage).
+    `logical_shape` is the element shape in numpy order.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -179,13 +181,20 @@ class GGUFCheckpoint:
         ggml = GGML_TYPES_BY_ID[int(tensor.tensor_type)]
         ne = tuple(int(d) for d in tensor.shape)
         logical = tuple(reversed(ne))
+        storage = None  # dense: F32 / F16 / BF16 keep their element type
         if ggml.name in FLOAT_DTYPES:
             dtype, shape = FLOAT_DTYPES[ggml.name], logical
         else:
             dtype, shape = np.dtype(np.uint8), (*logical[:-1], ggml.row_bytes(ne[0]))
+            storage = GGMLStorage(ggml)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         info = TensorInfo(
-            name=tensor.name, dtype=dtype, shape=shape, nbytes=nbytes, location=str(file)
+            name=tensor.name,
+            dtype=dtype,
+            shape=shape,
+            nbytes=nbytes,
+            location=str(file),
+            storage=storage,  # type: ignore[arg-type]
         )
         return _Entry(info, ggml, ne, file, int(tensor.data_offset), reader, index)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.layout import TOKENIZER_FILES
+from mobius_lite.layout import CONFIG_FILE, TOKENIZER_FILES
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.sources.hub import ResolvedCheckpoint, fetch_weights, resolve_checkpoint
@@ -61,14 +61,21 @@ def open_checkpoint(
     *,
     gguf_file: str | None = None,
     config_json: str | Path | None = None,
+    read_gguf_config: Callable[..., dict[str, Any]] | None = None,
 ) -> OpenedCheckpoint:
     """A local checkpoint directory, a .gguf file, or a hub id (at its pin): config read,
     weights not yet. `gguf_file` picks one GGUF file of a hub repository; `config_json`
-    supplies the fields a GGUF file does not carry (cross-checked against its metadata)."""
+    supplies the fields a GGUF file does not carry (cross-checked against its metadata) and
+    `read_gguf_config` reads them (configs/gguf_metadata.config_from_checkpoint; configs sit
+    above sources, so the caller hands it in)."""
     if is_gguf(model) or gguf_file is not None:
         from mobius_lite.sources.gguf_open import open_gguf
 
-        return open_gguf(model, revision, gguf_file=gguf_file, config_json=config_json)
+        if read_gguf_config is None:
+            raise ValueError("opening a GGUF file needs read_gguf_config")
+        return open_gguf(
+            model, read_gguf_config, revision, gguf_file=gguf_file, config_json=config_json
+        )
     resolved = resolve_checkpoint(model, revision, weights=False)
     raw = read_config_json(resolved.path)
     extras = {f: resolved.path / f for f in TOKENIZER_FILES if (resolved.path / f).is_file()}
@@ -86,3 +93,21 @@ def is_modelopt(raw_config: dict[str, Any], directory: Path) -> bool:
     quant = raw_config.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     return method == MODELOPT or (directory / "hf_quant_config.json").is_file()
+
+
+def local_tensors(path: str | Path) -> TensorSource:
+    """The tensor index of a local checkpoint (directory, .safetensors or .gguf file), with
+    each tensor's storage as an export sees it (a ModelOpt checkpoint's packed weights too)."""
+    path = Path(path)
+    if is_gguf(path):
+        from mobius_lite.sources.gguf_file import GGUFCheckpoint
+
+        return GGUFCheckpoint(path)
+    if path.is_dir() and (path / CONFIG_FILE).is_file():
+        raw = read_config_json(path)
+        if is_modelopt(raw, path):
+            from mobius_lite.sources.modelopt_open import open_modelopt
+
+            resolved = ResolvedCheckpoint(path=path, model=str(path), revision=None, hub=False)
+            return open_modelopt(OpenedCheckpoint(SAFETENSORS, raw, resolved)).tensors()
+    return SafetensorsCheckpoint(path)

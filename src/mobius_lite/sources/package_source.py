@@ -8,6 +8,7 @@ from pathlib import Path
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.layout import CONFIG_FILE, MANIFEST_FILE
 from mobius_lite.sources.hub import ResolvedCheckpoint, resolve_checkpoint
+from mobius_lite.sources.open import is_gguf
 
 
 def source_for_package(
@@ -38,4 +39,9 @@ def source_for_package(
                 "build_from_module have none); pass --source CHECKPOINT"
             )
         source, revision = record["model"], revision or record.get("revision")
+    if is_gguf(source) and Path(source).is_file():  # a GGUF file is the checkpoint itself
+        if revision:
+            raise ConfigError(f"--revision {revision} was given with the local file {source}")
+        path = Path(source).resolve()
+        return ResolvedCheckpoint(path=path, model=str(path), revision=None, hub=False)
     return resolve_checkpoint(source, revision, weights=True)

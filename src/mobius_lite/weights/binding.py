@@ -20,7 +20,7 @@ import onnx_ir as ir
 from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.dense import dense
 from mobius_lite.formats.storage import Conversion
-from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.base import TensorInfo, TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
 MAX_LISTED = 20
@@ -44,13 +44,21 @@ class Binding:
     source_dtype: np.dtype
     target_dtype: np.dtype
     shape: tuple[int, ...]
+    concat: bool = False  # slices along the existing leading axis rather than a new one
+
+    @property
+    def part(self) -> str | None:
+        """Which part of a multi-part re-layout this is (one source, several initializers)."""
+        return getattr(self.conversion, "part", None)
 
     @property
     def transform(self) -> str:
-        """The manifest's name for it: identity, cast, stack or stack+cast."""
+        """The manifest's name for it: identity, cast, stack(+cast), concat(+cast), or the
+        storage format's own conversion name."""
         if not self.stacked:
             return self.conversion.name
-        return "stack" if self.conversion.verbatim else f"stack+{self.conversion.name}"
+        joined = "concat" if self.concat else "stack"
+        return joined if self.conversion.verbatim else f"{joined}+{self.conversion.name}"
 
     @property
     def nbytes(self) -> int:
@@ -127,6 +135,9 @@ def plan_bindings(
             leftover.append(name)
 
     problems = []
+    twice = _bound_twice(bindings)
+    if twice:
+        problems.append(f"tensors bound to several parameters: {format_names(twice)}")
     if missing:
         problems.append(f"missing tensors: {format_names(missing)}")
     if misshaped:
@@ -142,10 +153,38 @@ def plan_bindings(
     return BindingPlan(bindings=bindings, unused=unused)
 
 
+def _bound_twice(bindings: list[Binding]) -> list[str]:
+    """Sources feeding several parameters other than as distinct parts of one re-layout."""
+    users: dict[str, list[Binding]] = {}
+    for binding in bindings:
+        for name in binding.sources:
+            users.setdefault(name, []).append(binding)
+    return [
+        f"{name} ({', '.join(b.target for b in bs)})"
+        for name, bs in users.items()
+        if len(bs) > 1 and (any(b.part is None for b in bs) or len({b.part for b in bs}) != len(bs))
+    ]
+
+
 def _same_shape(stored: tuple[int, ...], expected: tuple[int, ...], reshape: bool) -> bool:
     if reshape:
         return int(np.prod(stored, dtype=np.int64)) == int(np.prod(expected, dtype=np.int64))
     return stored == expected
+
+
+def converted_shape(conversion: Conversion, stored: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a tensor stored as `stored` has once converted: the same, unless the
+    conversion changes it (packed rows decoded to elements, a re-layout part)."""
+    convert = getattr(conversion, "converted_shape", None)
+    return tuple(stored) if convert is None else tuple(convert(tuple(stored)))
+
+
+def source_conversion(ref: SourceRef, info: TensorInfo, dtype: np.dtype) -> Conversion:
+    """How `info`'s bytes become a parameter of element type `dtype`: its storage's
+    conversion, wrapped by the candidate's layout (a row permutation, a re-layout part).
+    The export (plan_bindings) and verify both derive it here."""
+    conversion = info.storage.conversion_to(dense(dtype))
+    return conversion if ref.layout is None else ref.layout(conversion, info)
 
 
 def _plan_one(
@@ -159,27 +198,31 @@ def _plan_one(
     names = ref.names
     stacked = len(names) > 1
     expected = shape[1:] if stacked else shape
-    if stacked and shape[0] != len(names):
+    if ref.concat:  # equal slices of the existing leading axis, written one after another
+        expected = (shape[0] // len(names), *shape[1:])
+        if shape[0] % len(names):
+            misshaped.append(f"{target}: {len(names)} equal slices of a leading axis {shape[0]}")
+            return None
+    elif stacked and shape[0] != len(names):
         misshaped.append(f"{target}: {len(names)} slices for a leading axis of {shape[0]}")
         return None
     infos = [source.info(n) for n in names]
-    bad = [
-        f"{i.name}: checkpoint {list(i.shape)}"
-        for i in infos
-        if not _same_shape(i.shape, expected, ref.reshape)
-    ]
-    if bad:
-        misshaped.extend(f"{b}, expected {list(expected)}" for b in bad)
-        return None
     storages = {i.storage for i in infos}
     if len(storages) != 1:
         misshaped.append(f"{target}: slices stored as {sorted(s.name for s in storages)}")
         return None
-    storage = storages.pop()
-    conversion = storage.conversion_to(dense(dtype))
-    if ref.layout is not None:
-        conversion = ref.layout(conversion, infos[0])
-    return Binding(target, names, conversion, stacked, infos[0].dtype, dtype, shape)
+    conversion = source_conversion(ref, infos[0], dtype)
+    bad = [
+        f"{i.name}: checkpoint {list(i.shape)}"
+        for i in infos
+        if not _same_shape(converted_shape(conversion, i.shape), expected, ref.reshape)
+    ]
+    if bad:
+        misshaped.extend(f"{b}, expected {list(expected)}" for b in bad)
+        return None
+    return Binding(
+        target, names, conversion, stacked, infos[0].dtype, dtype, shape, concat=ref.concat
+    )
 
 
 def source_weight_formats(

@@ -3,11 +3,12 @@
 Per graph (decoder, embedding, ...): its file and its external initializers. For each source
 tensor: the initializer it became and the graphs using it, the transform (identity, cast,
 stack, stack+cast), the sha256 of its raw checkpoint bytes and of the bytes written for it,
-and where those bytes sit inside the initializer. Every source tensor appears exactly once,
-under "sources" (bound) or under "unused" with the reason; one used by several graphs is
-written once and listed under "shared". Float initializers record their count of non-finite
-values. The package's own facts (format version, tool version, dtype, files) sit beside the
-caller's metadata (e.g. the hub revision).
+and where those bytes sit inside the initializer; a source re-laid out into several
+initializers (MatMulNBits B and scales, transform "relayout") lists each under "parts".
+Every source tensor appears exactly once, under "sources" (bound) or under "unused" with the
+reason; one used by several graphs is written once and listed under "shared". Float
+initializers record their count of non-finite values. The package's own facts (format
+version, tool version, dtype, files) sit beside the caller's metadata (e.g. the hub revision).
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def _initializer_entry(tensor: WrittenTensor) -> dict[str, Any]:
     return entry
 
 
+def _add_part(
+    entry: dict[str, Any], name: str, initializer: str, binding: Any, written: dict[str, Any]
+) -> None:
+    """Record one more part of a source bound as several parts of one re-layout (MatMulNBits
+    B and scales); any other second binding of a source is an error."""
+    parts = entry.get("parts")
+    if binding.part is None or parts is None or binding.part in {p["part"] for p in parts}:
+        raise PackageError(f"source tensor {name} was bound twice")
+    parts.append({"part": binding.part, "initializer": initializer, "written": written})
+
+
 def build_manifest(
     result: WriteResult,
     graphs: list[GraphPlan],
@@ -118,8 +130,15 @@ def build_manifest(
             continue
         for segment in tensor.segments:
             assert segment.source is not None
+            written = {
+                "offset": segment.offset,
+                "length": segment.length,
+                "dtype": str(binding.target_dtype),
+                "sha256": segment.sha256,
+            }
             if segment.source in sources:
-                raise PackageError(f"source tensor {segment.source} was bound twice")
+                _add_part(sources[segment.source], segment.source, tensor.name, binding, written)
+                continue
             if len(roles) > 1 and sorted(shared.get(segment.source, [])) != sorted(roles):
                 raise PackageError(
                     f"source tensor {segment.source} is used by the graphs {roles} but not "
@@ -134,13 +153,12 @@ def build_manifest(
                 "shape": list(info.shape),
                 "nbytes": segment.source_nbytes,
                 "sha256": segment.source_sha256,
-                "written": {
-                    "offset": segment.offset,
-                    "length": segment.length,
-                    "dtype": str(binding.target_dtype),
-                    "sha256": segment.sha256,
-                },
+                "written": written,
             }
+            if binding.part is not None:
+                sources[segment.source]["parts"] = [
+                    {"part": binding.part, "initializer": tensor.name, "written": written}
+                ]
     undeclared = sorted(set(shared) - set(sources))
     if undeclared:
         raise PackageError(f"tensors declared shared but not written: {undeclared[:10]}")

@@ -26,8 +26,11 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.formats.dense import dense
-from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.gguf_file import GGUFCheckpoint
+from mobius_lite.sources.names import NameMap, as_ref
+from mobius_lite.sources.open import local_tensors
+from mobius_lite.weights.binding import source_conversion
 from mobius_lite.weights.external_data import ExternalRef, external_references
 from mobius_lite.weights.manifest import manifest_initializers, read_manifest
 from mobius_lite.weights.writer import DEFAULT_CHUNK_BYTES, iter_source_bytes
@@ -156,6 +159,15 @@ def check_references(directory: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _part_targets(entry: dict[str, Any]) -> set[str]:
+    """The initializers a source re-laid out into several parts feeds (empty otherwise)."""
+    return {p["initializer"] for p in entry.get("parts", [])}
+
+
+def is_gguf(path: str | Path) -> bool:
+    return str(path).lower().endswith(".gguf")
+
+
 # --------------------------------------------------------------------------- content
 def _pread_exact(fd: int, length: int, offset: int) -> bytes:
     data = os.pread(fd, length, offset)
@@ -176,7 +188,15 @@ def _first_difference(expected: bytes, actual: bytes) -> int:
 
 
 class _Verifier:
-    def __init__(self, directory: Path, manifest: dict[str, Any], source: TensorSource, report):
+    def __init__(
+        self,
+        directory: Path,
+        manifest: dict[str, Any],
+        source: TensorSource,
+        report,
+        names: NameMap | None = None,
+    ):
+        self.name_map = names
         self.directory = directory
         self.manifest = manifest
         self.source = source
@@ -219,12 +239,13 @@ class _Verifier:
         seen: dict[str, str] = {}
         for target, entry in manifest_initializers(self.manifest).items():
             for name in entry["sources"]:
-                if name in seen:
+                parts = _part_targets(sources.get(name, {}))
+                if name in seen and target not in parts:
                     self.report.mismatches.append(
                         f"{name}: bound twice ({seen[name]} and {target})"
                     )
                 seen[name] = target
-                if sources.get(name, {}).get("initializer") != target:
+                if sources.get(name, {}).get("initializer") != target and target not in parts:
                     self.report.mismatches.append(
                         f"{name}: manifest entries disagree on its initializer"
                     )
@@ -245,9 +266,13 @@ class _Verifier:
                 f"made from {entry['dtype']} {entry['shape']}"
             )
             return
-        # The source's storage format says how its bytes become the initializer's.
-        conversion = info.storage.conversion_to(dense(ir.DataType(ref.data_type).numpy()))
+        # The source's storage format (and the name map's layout) says how its bytes become
+        # the initializer's.
+        conversion = self.conversion(target, name, ref)
         written = entry["written"]
+        for part in entry.get("parts", []):
+            if part["initializer"] == target:
+                written = part["written"]
         fd = self.fd(ref.location)
         if fd is None:
             return  # the missing or unreadable file is reported by check_references
@@ -287,6 +312,17 @@ class _Verifier:
         if problem is None and out_hash.hexdigest() != written["sha256"]:
             self.report.mismatches.append(f"{target} (from {name}): written sha256 differs")
 
+    def conversion(self, target: str, name: str, ref: ExternalRef) -> Any:
+        """The conversion the export used for `name` -> `target`: the storage's, wrapped by the
+        name map's layout for that pair when there is one (row permutation, re-layout part)."""
+        info = self.source.info(name)
+        dtype = ir.DataType(ref.data_type).numpy()
+        if self.name_map is not None:
+            for candidate in map(as_ref, self.name_map.alternatives(target, tuple(ref.dims))):
+                if name in candidate.names:
+                    return source_conversion(candidate, info, dtype)
+        return info.storage.conversion_to(dense(dtype))
+
     def constant(self, role: str, target: str, entry: dict[str, Any]) -> None:
         ref = self.refs.get((role, target))
         if ref is None or ref.length is None:
@@ -306,11 +342,13 @@ def verify_package(
     *,
     manifest: dict[str, Any] | None = None,
     quiet: bool = True,
+    names: NameMap | None = None,
 ) -> VerifyReport:
     """Re-read the package and its source checkpoint and compare every binding.
 
-    `source` is a checkpoint directory / .safetensors file, or any TensorSource. `manifest`
-    may be given for a package whose manifest.json is not written yet (the staging check).
+    `source` is a checkpoint directory / .safetensors file, a .gguf file, or any TensorSource.
+    `manifest` may be given for a package whose manifest.json is not written yet (the staging
+    check). `names` is the source's name map when its layouts change bytes (GGUF: derived).
     """
     from tqdm import tqdm
 
@@ -319,12 +357,16 @@ def verify_package(
         manifest = read_manifest(package_dir)
     if isinstance(source, (str, Path)):
         label = str(source)
-        source = SafetensorsCheckpoint(source)
+        source = local_tensors(source)
     else:
         label = type(source).__name__
+    if names is None and isinstance(source, GGUFCheckpoint):
+        from mobius_lite.models.nemotron_h_gguf import gguf_source_layout
+
+        names = gguf_source_layout(source).names
     report = VerifyReport(package=package_dir, source=label)
     report.mismatches.extend(check_references(package_dir, manifest))
-    verifier = _Verifier(package_dir, manifest, source, report)
+    verifier = _Verifier(package_dir, manifest, source, report, names)
     total = sum(e["length"] for e in manifest_initializers(manifest).values())
     try:
         verifier.coverage()

@@ -1,0 +1,272 @@
+"""How a layer computes with a GGUF-packed weight: GGMLWeight (a WeightFormat) and its routes.
+
+The parameter is the verbatim packed rows, uint8 [..., out, row_bytes], except for the
+MatMulNBits route, whose two parameters are the lossless re-layout of Q8_0 / Q4_0 blocks
+(B and scales, made by storage.RelayoutPart). Routes, per weight slot:
+
+| backend  | matmul                                        | select (embedding rows, experts) |
+| standard | decode (standard ops) + Gemm(transB)           | Gather packed rows + decode      |
+| ort      | MatMulNBits (Q8_0, Q4_0; f32 / f16)            | GatherPacked (CPU-supported      |
+|          | MatMulPacked (bf16: CUDA only) else decode     | types, 2-D tables) else decode   |
+
+A decode reads the packed initializer through a Reshape whose shape depends on the
+activations at run time: onnxruntime's constant folding would otherwise decode every weight
+at session creation and keep the dense result in memory (measured: docs/gguf.md).
+MoEPacked (CUDA, relu2 with IQ2_XXS experts) replaces a whole MoE block: `emit_moe_packed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import onnx_ir as ir
+from onnxscript import OpBuilder, nn
+
+from mobius_lite.formats.ggml.relayout import (
+    BLOCK_SIZE,
+    MS_DOMAIN,
+    MS_OPSET,
+    RELAYOUT_TYPES,
+    emit_matmulnbits,
+)
+from mobius_lite.formats.ggml.storage import codec_of
+from mobius_lite.formats.ggml.types import GGMLType
+
+# MatMulNBits parameters beside (instead of) the slot's own: "<slot>_nbits_b", "_nbits_scales".
+NBITS_B = "_nbits_b"
+NBITS_SCALES = "_nbits_scales"
+NBITS_PARTS = {NBITS_B: "b", NBITS_SCALES: "scales"}
+
+# ggml types onnxruntime 1.32's CPU GatherPacked accepts (probed: tests/test_gguf_export.py
+# checks each against the numpy decode, and that the others are refused).
+GATHER_PACKED_CPU = frozenset(
+    {"Q4_0", "Q5_0", "Q8_0", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"}
+    | {"IQ4_NL", "IQ4_XS"}
+)
+# MatMulPacked has no CPU kernel and takes f16 / bf16 activations; used for bf16 graphs only
+# (bf16 runs on CUDA only, routes.PROVIDER_PRECISIONS), with the types of the same contract.
+MATMUL_PACKED = GATHER_PACKED_CPU
+MOE_PACKED_RELU2 = "IQ2_XXS"
+
+DECODE, MATMULNBITS, GATHER_PACKED, MATMUL_PACKED_ROUTE = (
+    "decode",
+    "matmulnbits",
+    "gatherpacked",
+    "matmulpacked",
+)
+FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _ort(backend: Any) -> bool:
+    return str(getattr(backend, "value", backend)) == "ort"
+
+
+def _ms(op: OpBuilder) -> None:
+    op.builder.root.graph.opset_imports.setdefault(MS_DOMAIN, MS_OPSET)
+
+
+@dataclass(frozen=True)
+class GGMLWeight:
+    """A weight of logical shape [..., out, in] kept as ggml blocks; `matmul_route` and
+    `select_route` say which operators compute with it (see the module table)."""
+
+    type: GGMLType
+    dtype: ir.DataType  # activation precision
+    shape: tuple[int, ...]
+    matmul_route: str = DECODE
+    select_route: str = DECODE
+
+    @classmethod
+    def choose(
+        cls, ggml: GGMLType, dtype: ir.DataType, backend: Any, shape: tuple[int, ...]
+    ) -> GGMLWeight:
+        """The routes for one slot: onnxruntime's ops where they fit, else standard decode."""
+        codec_of(ggml.name)  # RouteError now for a type without a decoder
+        matmul, select = DECODE, DECODE
+        if _ort(backend) and len(shape) == 2:
+            if ggml.name in RELAYOUT_TYPES and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+                matmul = MATMULNBITS
+            elif ggml.name in MATMUL_PACKED and dtype == ir.DataType.BFLOAT16:
+                matmul = MATMUL_PACKED_ROUTE
+            if ggml.name in GATHER_PACKED_CPU and matmul != MATMULNBITS:
+                select = GATHER_PACKED
+        return cls(ggml, dtype, shape, matmul, select)
+
+    @property
+    def name(self) -> str:
+        return f"ggml {self.type.name} ({self.matmul_route} / {self.select_route})"
+
+    @property
+    def row_elements(self) -> int:
+        return self.shape[-1]
+
+    # ------------------------------------------------------------------ parameters
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        *lead, k = shape
+        if self.matmul_route == MATMULNBITS:
+            k_blocks = k // BLOCK_SIZE
+            blob = self.type.block_bytes - 2
+            return {
+                NBITS_B: nn.Parameter([*lead, k_blocks, blob], dtype=ir.DataType.UINT8),
+                NBITS_SCALES: nn.Parameter([*lead, k_blocks], dtype=ir.DataType.FLOAT16),
+            }
+        return {"": nn.Parameter([*lead, self.type.row_bytes(k)], dtype=ir.DataType.UINT8)}
+
+    # ------------------------------------------------------------------ math
+    def _to_activation(self, op: OpBuilder, value: ir.Value) -> ir.Value:
+        return value if self.dtype == ir.DataType.FLOAT else op.Cast(value, to=self.dtype)
+
+    def decode(self, op: OpBuilder, packed: ir.Value) -> ir.Value:
+        """uint8 [..., row_bytes] -> [..., row_elements] in the activation precision."""
+        return self._to_activation(op, codec_of(self.type.name).emit(op, packed, self.row_elements))
+
+    def matmul(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        params: dict[str, ir.Value],
+        bias: ir.Value | None = None,
+    ) -> ir.Value:
+        n, k = self.shape[-2], self.shape[-1]
+        if self.matmul_route == MATMULNBITS:
+            bits = 8 if self.type.name == "Q8_0" else 4
+            if x.dtype is None:  # untyped builder value: activations are in self.dtype
+                x.dtype = self.dtype
+            nbits = params[NBITS_B], params[NBITS_SCALES]
+            y = emit_matmulnbits(op, x, *nbits, None, k, n, bits, BLOCK_SIZE, bias=bias)
+            return _typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
+        if self.matmul_route == MATMUL_PACKED_ROUTE:
+            _ms(op)
+            y = op.MatMulPacked(
+                x,
+                params[""],
+                packed_type=self.type.type_id,
+                N=n,
+                K=k,
+                _domain=MS_DOMAIN,
+                _version=MS_OPSET,
+            )
+            y = _typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
+            return y if bias is None else op.Add(y, bias)
+        weight = self.decode(op, runtime_view(op, params[""], x))
+        if bias is not None:
+            return op.Gemm(x, weight, bias, transB=1)
+        return op.Gemm(x, weight, transB=1)
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
+        if self.select_route == GATHER_PACKED:
+            _ms(op)
+            rows = op.GatherPacked(
+                params[""],
+                indices,
+                packed_type=self.type.type_id,
+                K=self.row_elements,
+                output_dtype=int(self.dtype),
+                _domain=MS_DOMAIN,
+                _version=MS_OPSET,
+            )
+            return _typed(rows, self.dtype, _with(_dims(indices), self.row_elements))
+        if self.matmul_route == MATMULNBITS:
+            return self._select_nbits(op, params, indices)
+        return self.decode(op, op.Gather(params[""], indices, axis=0))
+
+    def _select_nbits(
+        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value
+    ) -> ir.Value:
+        """Rows of the MatMulNBits layout decoded: (code - zero point) * scale, as ggml's."""
+        b = op.Gather(params[NBITS_B], indices, axis=0)  # [..., k_blocks, blob]
+        scales = op.Cast(op.Gather(params[NBITS_SCALES], indices, axis=0), to=ir.DataType.FLOAT)
+        if self.type.name == "Q8_0":
+            codes, zero = b, 128.0
+        else:  # element 2i in the low nibble of byte i, 2i + 1 in the high one
+            last = op.Constant(value_ints=[-1])
+            low = op.BitwiseAnd(b, op.Constant(value=ir.tensor(15, dtype=ir.DataType.UINT8)))
+            four = op.Constant(value=ir.tensor(4, dtype=ir.DataType.UINT8))
+            high = op.BitShift(b, four, direction="RIGHT")
+            pairs = op.Concat(op.Unsqueeze(low, last), op.Unsqueeze(high, last), axis=-1)
+            lead = op.Shape(b, start=0, end=-1)
+            codes = op.Reshape(pairs, op.Concat(lead, op.Constant(value_ints=[BLOCK_SIZE]), axis=0))
+            zero = 8.0
+        values = op.Sub(op.Cast(codes, to=ir.DataType.FLOAT), op.Constant(value_float=zero))
+        values = op.Mul(values, op.Unsqueeze(scales, op.Constant(value_ints=[-1])))
+        lead = op.Shape(b, start=0, end=-2)
+        rows = op.Reshape(
+            values, op.Concat(lead, op.Constant(value_ints=[self.row_elements]), axis=0)
+        )
+        return self._to_activation(op, rows)
+
+
+def _typed(value: ir.Value, dtype: ir.DataType, shape: list[Any] | None = None) -> ir.Value:
+    """Give a contrib op's output its element type and shape (the builder infers standard
+    ops only; later casts read the type)."""
+    if value.dtype is None:
+        value.dtype = dtype
+    if value.shape is None and shape is not None:
+        value.shape = ir.Shape(shape)
+    return value
+
+
+def _dims(value: ir.Value, drop_last: bool = False) -> list[Any] | None:
+    """A value's dims (without the last axis when asked), None when unknown."""
+    if value.shape is None:
+        return None
+    dims = list(value.shape)
+    return dims[:-1] if drop_last else dims
+
+
+def _with(dims: list[Any] | None, last: int) -> list[Any] | None:
+    return None if dims is None else [*dims, last]
+
+
+def runtime_view(op: OpBuilder, packed: ir.Value, x: ir.Value) -> ir.Value:
+    """`packed` reshaped to its own shape by a shape computed from x at run time: the same
+    bytes, but no longer a constant that onnxruntime's constant folding would decode (and keep
+    dense) at session creation."""
+    shape = [int(d) for d in packed.shape]
+    zero = op.Mul(op.Shape(x, start=0, end=1), op.Constant(value_ints=[0]))
+    return op.Reshape(packed, op.Add(op.Constant(value_ints=shape), zero))
+
+
+def emit_moe_packed(
+    op: OpBuilder,
+    x: ir.Value,
+    scores: ir.Value,
+    mixing: ir.Value,
+    up: ir.Value,
+    down: ir.Value,
+    *,
+    k: int,
+    normalize: bool,
+    routed_scaling_factor: float,
+    up_type: GGMLType,
+    down_type: GGMLType,
+) -> ir.Value:
+    """A Nemotron-H routed-expert block as one com.microsoft MoEPacked node (CUDA only):
+    relu2 experts stored IQ2_XXS, selection by `scores` (the biased router scores, FP32) and
+    mixing by `mixing` (the unbiased sigmoid scores), as the router computes them."""
+    if up_type.name != MOE_PACKED_RELU2 or down_type.name != MOE_PACKED_RELU2:
+        raise ValueError(
+            f"MoEPacked relu2 takes {MOE_PACKED_RELU2} experts, got {up_type.name} / "
+            f"{down_type.name}"
+        )
+    if x.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        raise TypeError(f"MoEPacked runs f16 / bf16 activations, got {x.dtype}")
+    _ms(op)
+    out = op.MoEPacked(
+        x,
+        scores,
+        up,
+        None,
+        down,
+        mixing,
+        k=k,
+        activation_type="relu2",
+        gate_type=up_type.type_id,
+        down_type=down_type.type_id,
+        normalize_routing_weights=int(normalize),
+        routed_scaling_factor=routed_scaling_factor,
+        _domain=MS_DOMAIN,
+        _version=MS_OPSET,
+    )
+    return _typed(out, x.dtype, _dims(x))
