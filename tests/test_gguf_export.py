@@ -477,3 +477,24 @@ def test_cuda_packed_ops_structure(written: dict[str, Any]) -> None:
             up_type=GGML_TYPES["Q4_K"],
             down_type=iq2,
         )
+
+
+def test_inspect_shows_each_weights_route(written: dict[str, Any], capsys) -> None:
+    """`mobius inspect --json` names how each weight is computed with (read from the graph's
+    own consumers), and the manifest's storages; the text report counts them."""
+    from mobius_lite.cli.main import main
+
+    package = written["hybrid"]["packages"]["ort"]
+    assert main(["inspect", str(package), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    routes = report["models"][0]["weight_routes"]
+    manifest = _manifest(package)["graphs"]["decoder"]["initializers"]
+    for name, entry in manifest.items():
+        if name.endswith("_nbits_b"):
+            assert routes[name] == "ort MatMulNBits", name
+        elif entry["dtype"] == "UINT8" and entry["transform"] != "constant":
+            assert routes[name] in ("standard decode", "ort GatherPacked"), name
+    storages = report["manifest.json"]["storage"]
+    assert sum(row["tensors"] for row in storages.values()) == len(_manifest(package)["sources"])
+    assert main(["inspect", str(package)]) == 0
+    assert "weight routes: " in capsys.readouterr().out

@@ -137,6 +137,30 @@ def _weights(graphs: list[onnx.GraphProto], base: Path) -> tuple[dict, dict]:
     return by_dtype, dict(sorted(files.items()))
 
 
+PACKED_DTYPES = ("UINT8", "FLOAT8E4M3FN", "FLOAT4E2M1")
+
+
+def _weight_routes(graphs: list[onnx.GraphProto]) -> dict[str, str]:
+    """initializer -> how the graph computes with it: the contrib op consuming it (ort route),
+    "standard decode" for packed bytes decoded with standard ops, or "dense"."""
+    consumers: dict[str, set[tuple[str, str]]] = {}
+    for graph in graphs:
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, set()).add((node.domain, node.op_type))
+    routes = {}
+    for graph in graphs:
+        for t in graph.initializer:
+            contrib = sorted(op for domain, op in consumers.get(t.name, ()) if domain)
+            if contrib:
+                routes[t.name] = "ort " + "/".join(contrib)
+            elif _dtype_name(t.data_type).upper() in PACKED_DTYPES:
+                routes[t.name] = "standard decode"
+            else:
+                routes[t.name] = "dense"
+    return dict(sorted(routes.items()))
+
+
 def inspect_model(path: Path) -> dict[str, Any]:
     """The report for one .onnx file (graph protos only; no tensor data is loaded)."""
     try:
@@ -166,6 +190,7 @@ def inspect_model(path: Path) -> dict[str, Any]:
         },
         "weights": dict(sorted(weights.items())),
         "weights_total_bytes": sum(w["bytes"] for w in weights.values()),
+        "weight_routes": _weight_routes([graph] + [g for _, g in subgraphs]),
         "external_data": files,
     }
 
@@ -214,7 +239,13 @@ def _summary(name: str, path: Path) -> dict[str, Any]:
         options = model.get("decoder", {}).get("session_options", {}).get("provider_options", [])
         providers = [k for opt in options for k in opt] or ["cpu"]
         return {"type": model.get("type"), "providers": providers}
-    return {"source": data.get("source"), "keys": sorted(data)}
+    storage: dict[str, dict[str, Any]] = {}
+    for entry in data.get("sources", {}).values():
+        key = f"{entry.get('dtype')} -> {entry.get('transform')}"
+        row = storage.setdefault(key, {"tensors": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["bytes"] += int(entry.get("nbytes", 0))
+    return {"source": data.get("source"), "keys": sorted(data), "storage": storage}
 
 
 # --------------------------------------------------------------------------- text output
@@ -252,6 +283,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  weights: {human_bytes(m['weights_total_bytes'])}")
         for dtype, w in m["weights"].items():
             lines.append(f"    {dtype}: {w['tensors']} tensors, {human_bytes(w['bytes'])}")
+        routes = Counter(m["weight_routes"].values())
+        lines.append("  weight routes: " + ", ".join(f"{r} {n}" for r, n in sorted(routes.items())))
         lines.append(f"  external data files ({len(m['external_data'])}):")
         for name, f in m["external_data"].items():
             state = "ok" if f["complete"] else ("MISSING" if not f["exists"] else "TRUNCATED")
@@ -260,6 +293,11 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{human_bytes(f['bytes_referenced'])} referenced, "
                 f"{human_bytes(f['size_on_disk'])} on disk [{state}]"
             )
+    storage = report.get("manifest.json", {}).get("storage", {})
+    if storage:
+        lines += ["", "source tensors by storage -> transform (manifest.json):"]
+        for key, row in sorted(storage.items()):
+            lines.append(f"  {key}: {row['tensors']} tensors, {human_bytes(row['bytes'])}")
     return "\n".join(lines)
 
 
