@@ -13,10 +13,10 @@ from safetensors.numpy import load_file, save_file
 
 import mobius_lite
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Precision
 from mobius_lite.errors import CheckpointError
 from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.tasks import text_generation_graphs
+from mobius_lite.tasks.options import ExportOptions
 from nemotron_reference import make_reference
 
 PATTERN = ["linear_attention", "moe", "full_attention", "mlp"]
@@ -133,6 +133,6 @@ def test_mismatches_are_listed_before_any_read(
     broken = rewrite(checkpoint, tmp_path / case, edit)
     with pytest.raises(CheckpointError) as info:
         text_generation_graphs(
-            NemotronHConfig.from_file(broken), NoReadSource(broken), "safetensors", Precision.F32
+            NemotronHConfig.from_file(broken), NoReadSource(broken), "safetensors", ExportOptions()
         )
     assert message in str(info.value)

@@ -29,6 +29,7 @@ from mobius_lite.tasks import (
     omni_graphs,
     text_generation_graphs,
 )
+from mobius_lite.tasks.options import ExportOptions
 
 
 def check_task(task: str | None, model_type: str | None = None) -> str:
@@ -50,22 +51,14 @@ def check_task(task: str | None, model_type: str | None = None) -> str:
 
 
 def package_graphs(
-    raw_config: dict[str, Any],
-    source: TensorSource,
-    kind: str,
-    precision: Precision,
-    backend: Backend = Backend.STANDARD,
-    dequantize: bool = False,
-    unused_rules: dict[str, str] | None = None,
+    raw_config: dict[str, Any], source: TensorSource, kind: str, options: ExportOptions
 ) -> tuple[NemotronHConfig, list[GraphRecord], dict[str, list[str]], dict[str, Any] | None]:
     """(decoder config, graphs, shared tensors, config.json to write) for a checkpoint."""
     if raw_config.get("model_type") == OMNI_MODEL_TYPE:
-        omni = omni_graphs(raw_config, source, kind, precision, backend, dequantize, unused_rules)
+        omni = omni_graphs(raw_config, source, kind, options)
         return omni.config.text, omni.graphs, omni.shared, omni.config.raw
     text_config = load_text_config(raw_config)
-    graphs, shared = text_generation_graphs(
-        text_config, source, kind, precision, backend, dequantize, unused_rules
-    )
+    graphs, shared = text_generation_graphs(text_config, source, kind, options)
     return text_config, graphs, shared, None
 
 
@@ -111,14 +104,9 @@ def build(
         load_text_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
+    options = ExportOptions(precision, backend, dequantize, opened.unused_rules)
     text_config, graphs, shared, config_json = package_graphs(
-        opened.raw_config,
-        source,
-        opened.kind,
-        precision,
-        backend,
-        dequantize,
-        opened.unused_rules,
+        opened.raw_config, source, opened.kind, options
     )
     return ModelPackage(
         config=text_config,
@@ -149,7 +137,9 @@ def build_from_module(
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
     source = MemorySource(module.state_dict())
-    text_config, graphs, shared, config_json = package_graphs(raw, source, SAFETENSORS, precision)
+    text_config, graphs, shared, config_json = package_graphs(
+        raw, source, SAFETENSORS, ExportOptions(precision)
+    )
     return ModelPackage(
         config=text_config,
         precision=precision,

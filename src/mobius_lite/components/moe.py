@@ -170,19 +170,7 @@ class Experts(WeightedModule):
     ) -> ir.Value:
         """Loop over the distinct selected experts; each runs on the rows that chose it."""
         k = self.spec.num_experts_per_tok
-        rows = op.Shape(x, start=0, end=1)
-        row_ids = op.Range(
-            op.Constant(value=ir.tensor(0, dtype=INT64)),
-            op.Squeeze(rows, op.Constant(value_ints=[0])),
-            op.Constant(value=ir.tensor(1, dtype=INT64)),
-        )
-        flat_row = op.Reshape(
-            op.Expand(
-                op.Unsqueeze(row_ids, op.Constant(value_ints=[1])),
-                op.Concat(rows, op.Constant(value_ints=[k]), axis=0),
-            ),
-            op.Constant(value_ints=[-1]),
-        )
+        flat_row = _flat_rows(op, x, k)
         selected, *_ = op.Unique(flat_expert, sorted=1, _outputs=4)
         trip_count = op.Squeeze(op.Shape(selected), op.Constant(value_ints=[0]))
         zeros = op.Mul(to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
@@ -232,19 +220,7 @@ class Experts(WeightedModule):
         """Scan over every expert's weight slices (views, no copy); the selected ones run on
         the rows that chose them, accumulated like the Loop path (ScatterND add, FP32)."""
         k, e = self.spec.num_experts_per_tok, self.spec.n_routed_experts
-        rows = op.Shape(x, start=0, end=1)
-        row_ids = op.Range(
-            op.Constant(value=ir.tensor(0, dtype=INT64)),
-            op.Squeeze(rows, op.Constant(value_ints=[0])),
-            op.Constant(value=ir.tensor(1, dtype=INT64)),
-        )
-        flat_row = op.Reshape(
-            op.Expand(
-                op.Unsqueeze(row_ids, op.Constant(value_ints=[1])),
-                op.Concat(rows, op.Constant(value_ints=[k]), axis=0),
-            ),
-            op.Constant(value_ints=[-1]),
-        )
+        flat_row = _flat_rows(op, x, k)
         # Pairs per expert, [E]; an expert with none is skipped inside the Scan.
         counts = op.ScatterElements(
             op.Constant(value=ir.tensor([0] * e, dtype=INT64)),
@@ -359,3 +335,20 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             routed = op.Add(routed, self.shared_experts(op, x))
         return routed
+
+
+def _flat_rows(op: OpBuilder, x: ir.Value, k: int) -> ir.Value:
+    """The row index of each (row, k) pair, flattened like the expert indices: [rows * k]."""
+    rows = op.Shape(x, start=0, end=1)
+    row_ids = op.Range(
+        op.Constant(value=ir.tensor(0, dtype=INT64)),
+        op.Squeeze(rows, op.Constant(value_ints=[0])),
+        op.Constant(value=ir.tensor(1, dtype=INT64)),
+    )
+    return op.Reshape(
+        op.Expand(
+            op.Unsqueeze(row_ids, op.Constant(value_ints=[1])),
+            op.Concat(rows, op.Constant(value_ints=[k]), axis=0),
+        ),
+        op.Constant(value_ints=[-1]),
+    )

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from mobius_lite.components.context import Backend, BuildContext
+from mobius_lite.components.context import BuildContext
 from mobius_lite.configs.omni import OmniConfig
-from mobius_lite.enums import GraphRole, Precision
+from mobius_lite.enums import GraphRole
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
@@ -41,11 +41,11 @@ from mobius_lite.package import GraphRecord
 from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap, as_ref
+from mobius_lite.tasks.options import ExportOptions
 from mobius_lite.weights.binding import (
     bind_model,
     graph_parameters,
     plan_bindings,
-    source_weight_formats,
 )
 
 IMAGE_TEXT_TO_TEXT = "image-text-to-text"
@@ -77,12 +77,11 @@ def omni_graphs(
     raw_config: dict,
     source: TensorSource,
     kind: str,
-    precision: Precision,
-    backend: Backend = Backend.STANDARD,
-    dequantize: bool = False,
-    unused_rules: dict[str, str] | None = None,
+    options: ExportOptions | None = None,
 ) -> OmniGraphs:
     """Every graph of the Omni package, bound (lazily) to `source`."""
+    options = options or ExportOptions()
+    precision, backend = options.precision, options.backend
     config = OmniConfig.from_dict(raw_config)
     text = config.text
     # the text model's own rules name its tensors without the language_model. prefix
@@ -90,12 +89,12 @@ def omni_graphs(
         "^" + re.escape(LANGUAGE_MODEL) + pattern.removeprefix("^"): reason
         for pattern, reason in unused_tensor_rules(text).items()
     }
-    rules = {**OMNI_UNUSED, **text_rules, **(unused_rules or {})}
+    rules = {**OMNI_UNUSED, **text_rules, **options.unused_rules}
     available = set(source.names())
     dtype = precision.ir_dtype
 
     names = LanguageModelNames()
-    formats = None if dequantize else source_weight_formats(source, names, dtype, backend)
+    formats = options.weight_formats(source, names)
     lm_head = any(
         all(n in available for n in as_ref(c).names) for c in names.alternatives(LM_HEAD_WEIGHT, ())
     )
@@ -124,9 +123,7 @@ def omni_graphs(
     except ValueError as exc:
         raise ConfigError(f"Omni config.json: {exc}") from None
     tower_names = OmniTowerNames()
-    tower_formats = (
-        None if dequantize else source_weight_formats(source, tower_names, dtype, backend)
-    )
+    tower_formats = options.weight_formats(source, tower_names)
     ctx = BuildContext(dtype, tower_formats or {}, backend)
     towers = [
         (GraphRole.VISION_ENCODER, build_vision_graph(vision, ctx=ctx)),
