@@ -26,6 +26,7 @@ from mobius_lite.sources.hub import (
     ResolvedCheckpoint,
     _cache_revision,
     hub_cache_dir,
+    hub_errors,
     hub_offline,
     is_hub_id,
 )
@@ -52,36 +53,27 @@ def _split_names(filename: str) -> list[str]:
 def _hub_download(repo: str, filename: str, revision: str | None) -> Path:
     """One file of a hub repository at `revision` (cache / offline rules as sources/hub.py)."""
     import huggingface_hub
-    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import errors as hub_errors_module
 
     at = f"{repo}@{revision or 'main'}"
-    try:
-        return Path(
-            huggingface_hub.hf_hub_download(
-                repo_id=repo,
-                filename=filename,
-                revision=revision,
-                cache_dir=hub_cache_dir(),
-                local_files_only=hub_offline(),
+    with hub_errors(repo, revision):
+        try:
+            return Path(
+                huggingface_hub.hf_hub_download(
+                    repo_id=repo,
+                    filename=filename,
+                    revision=revision,
+                    cache_dir=hub_cache_dir(),
+                    local_files_only=hub_offline(),
+                )
             )
-        )
-    except hub_errors.HFValidationError as exc:
-        raise ConfigError(f"{repo!r} is not a valid Hugging Face model id: {exc}") from None
-    except hub_errors.EntryNotFoundError:
-        raise HubError(f"{at} has no file {filename}; check --gguf-file") from None
-    except hub_errors.RevisionNotFoundError:
-        raise HubError(f"revision {revision!r} does not exist in {repo}") from None
-    except hub_errors.GatedRepoError:
-        raise HubError(f"{repo} is gated: accept its license and log in first") from None
-    except hub_errors.RepositoryNotFoundError:
-        raise HubError(f"{repo} was not found on the Hugging Face hub (or is private)") from None
-    except hub_errors.LocalEntryNotFoundError:
-        raise HubError(
-            f"{filename} of {at} is not in the local Hugging Face cache and could not be "
-            "fetched (HF_HUB_OFFLINE set, or no network); download it first"
-        ) from None
-    except hub_errors.HfHubHTTPError as exc:
-        raise HubError(f"the hub refused {filename} of {at}: {exc}") from None
+        except hub_errors_module.LocalEntryNotFoundError:
+            raise HubError(
+                f"{filename} of {at} is not in the local Hugging Face cache and could not be "
+                "fetched (HF_HUB_OFFLINE set, or no network); download it first"
+            ) from None
+        except hub_errors_module.EntryNotFoundError:
+            raise HubError(f"{at} has no file {filename}; check --gguf-file") from None
 
 
 def resolve_gguf(

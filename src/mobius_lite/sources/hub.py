@@ -12,15 +12,17 @@ huggingface_hub was imported), with huggingface_hub's own precedence.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import huggingface_hub
 from huggingface_hub import constants as hub_constants
-from huggingface_hub import errors as hub_errors
+from huggingface_hub import errors as hub_errors_module
 
 from mobius_lite.errors import CheckpointError, ConfigError
 from mobius_lite.layout import CONFIG_FILE, TOKENIZER_FILES
@@ -113,58 +115,68 @@ def resolve_local(model: str | Path, revision: str | None = None) -> ResolvedChe
     return ResolvedCheckpoint(path=path, model=str(path), revision=_cache_revision(path), hub=False)
 
 
+@contextlib.contextmanager
+def hub_errors(model_id: str, revision: str | None) -> Iterator[None]:
+    """Turn huggingface_hub's errors about a repository into one clear MobiusError each
+    (callers handle the file-level ones of their own call first)."""
+    at = f"{model_id}@{revision or 'main'}"
+    try:
+        yield
+    except hub_errors_module.HFValidationError as exc:
+        raise ConfigError(f"{model_id!r} is not a valid Hugging Face model id: {exc}") from None
+    except hub_errors_module.RevisionNotFoundError:
+        raise HubError(
+            f"revision {revision!r} does not exist in {model_id}; pass a commit SHA, branch or "
+            "tag of that repository with --revision"
+        ) from None
+    except hub_errors_module.GatedRepoError:
+        raise HubError(
+            f"{model_id} is gated: accept its license on huggingface.co and log in "
+            "(hf auth login or HF_TOKEN) before exporting it"
+        ) from None
+    except hub_errors_module.RepositoryNotFoundError:
+        raise HubError(
+            f"{model_id} was not found on the Hugging Face hub (or is private); check the id, "
+            "or pass a local checkpoint directory"
+        ) from None
+    except hub_errors_module.HfHubHTTPError as exc:
+        raise HubError(f"the hub refused {at}: {exc}") from None
+    except OSError as exc:  # proxy / connection failures not covered above
+        raise HubError(f"{at} could not be fetched: {exc}; check the network and retry") from None
+
+
 def _download(
     model_id: str, revision: str | None, patterns: list[str], offline: bool, cache_dir: str | None
 ) -> Path:
     where = cache_dir or hub_constants.HF_HUB_CACHE
     at = f"{model_id}@{revision or 'main'}"
-    try:
-        folder = huggingface_hub.snapshot_download(
-            repo_id=model_id,
-            revision=revision,
-            allow_patterns=patterns,
-            ignore_patterns=list(IGNORE_PATTERNS),
-            cache_dir=cache_dir,
-            local_files_only=offline,
-        )
-    except hub_errors.HFValidationError as exc:
-        raise ConfigError(f"{model_id!r} is not a valid Hugging Face model id: {exc}") from None
-    except hub_errors.RevisionNotFoundError:
-        raise HubError(
-            f"revision {revision!r} does not exist in {model_id}; pass a commit SHA, branch or "
-            "tag of that repository with --revision"
-        ) from None
-    except hub_errors.GatedRepoError:
-        raise HubError(
-            f"{model_id} is gated: accept its license on huggingface.co and log in "
-            "(hf auth login or HF_TOKEN) before exporting it"
-        ) from None
-    except hub_errors.RepositoryNotFoundError:
-        raise HubError(
-            f"{model_id} was not found on the Hugging Face hub (or is private); check the id, "
-            "or pass a local checkpoint directory"
-        ) from None
-    except hub_errors.LocalEntryNotFoundError as exc:
-        if type(exc).__name__ == "IncompleteSnapshotError":
+    with hub_errors(model_id, revision):
+        try:
+            folder = huggingface_hub.snapshot_download(
+                repo_id=model_id,
+                revision=revision,
+                allow_patterns=patterns,
+                ignore_patterns=list(IGNORE_PATTERNS),
+                cache_dir=cache_dir,
+                local_files_only=offline,
+            )
+        except hub_errors_module.LocalEntryNotFoundError as exc:
+            if type(exc).__name__ == "IncompleteSnapshotError":
+                raise HubError(
+                    f"the cached snapshot of {at} in {where} is incomplete ({exc}); re-run the "
+                    "download with network access or delete that snapshot"
+                ) from None
+            if offline:
+                raise HubError(
+                    f"{at} is not in the local Hugging Face cache ({where}) and HF_HUB_OFFLINE "
+                    "is set; download it first (hf download "
+                    f"{model_id}{' --revision ' + revision if revision else ''}), point "
+                    "HF_HUB_CACHE at a cache that has it, or unset HF_HUB_OFFLINE"
+                ) from None
             raise HubError(
-                f"the cached snapshot of {at} in {where} is incomplete ({exc}); re-run the "
-                "download with network access or delete that snapshot"
+                f"{at} could not be fetched from the hub and is not in the local cache "
+                f"({where}); check the network connection and try again"
             ) from None
-        if offline:
-            raise HubError(
-                f"{at} is not in the local Hugging Face cache ({where}) and HF_HUB_OFFLINE is "
-                "set; download it first (hf download "
-                f"{model_id}{' --revision ' + revision if revision else ''}), point HF_HUB_CACHE "
-                "at a cache that has it, or unset HF_HUB_OFFLINE"
-            ) from None
-        raise HubError(
-            f"{at} could not be fetched from the hub and is not in the local cache ({where}); "
-            "check the network connection and try again"
-        ) from None
-    except hub_errors.HfHubHTTPError as exc:
-        raise HubError(f"the hub refused {at}: {exc}") from None
-    except OSError as exc:  # proxy / connection failures not covered above
-        raise HubError(f"{at} could not be fetched: {exc}; check the network and retry") from None
     return Path(folder)
 
 

@@ -67,13 +67,10 @@ def _gguf_type(type_id: int) -> Any:
     return GGMLQuantizationType(type_id)
 
 
-@dataclass(frozen=True)
-class Dequantize:
-    """Packed blocks -> dense float values (the numpy reference decode), block by block."""
+class _BlockwiseConversion:
+    """A conversion that works block by block on a ggml type's blocks (never verbatim)."""
 
     type: GGMLType
-    target: np.dtype
-    name: str = "dequantize"
 
     @property
     def unit_bytes(self) -> int:
@@ -82,6 +79,15 @@ class Dequantize:
     @property
     def verbatim(self) -> bool:
         return False
+
+
+@dataclass(frozen=True)
+class Dequantize(_BlockwiseConversion):
+    """Packed blocks -> dense float values (the numpy reference decode), block by block."""
+
+    type: GGMLType
+    target: np.dtype
+    name: str = "dequantize"
 
     def convert(self, raw: Bytes) -> Bytes:
         values = codec_of(self.type.name).dequantize(_blocks(raw, self.type.block_bytes))
@@ -102,7 +108,7 @@ class Dequantize:
 
 
 @dataclass(frozen=True)
-class RelayoutPart:
+class RelayoutPart(_BlockwiseConversion):
     """One MatMulNBits input cut losslessly out of Q8_0 / Q4_0 blocks (relayout.py):
     "b" (uint8 [N, k_blocks, blob]) or "scales" (ggml's fp16 scale bits, [N, k_blocks])."""
 
@@ -113,14 +119,6 @@ class RelayoutPart:
     def __post_init__(self) -> None:
         if self.type.name not in RELAYOUT_TYPES or self.part not in RELAYOUT_PARTS:
             raise RouteError(f"no MatMulNBits part {self.part!r} for ggml {self.type.name}")
-
-    @property
-    def unit_bytes(self) -> int:
-        return self.type.block_bytes
-
-    @property
-    def verbatim(self) -> bool:
-        return False
 
     def convert(self, raw: Bytes) -> Bytes:
         # each block is a one-block row of K = 32: the re-layout is per block
