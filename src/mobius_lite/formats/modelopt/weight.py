@@ -104,6 +104,29 @@ class _ModelOptWeight:
     def name(self) -> str:
         return f"{self.KIND} (ort)" if self.kernel else self.KIND
 
+    def matmul(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        params: dict[str, ir.Value],
+        bias: ir.Value | None = None,
+    ) -> ir.Value:
+        if self.stacked:
+            raise ValueError(f"stacked {self.KIND} weights compute through select(), not matmul()")
+        if self.kernel:
+            _uses_contrib_ops(op)
+            y = self._kernel_matmul(op, x, params)
+            return op.Add(y, bias) if bias is not None else y
+        return _gemm(op, x, self._dense(op, params), bias, self.dtype)
+
+    def _kernel_matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value]) -> ir.Value:
+        """x @ W^T with the ort route's kernel."""
+        raise NotImplementedError
+
+    def _dense(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
+        """The whole weight decoded to FLOAT [N, K] at run time (standard ops)."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class NVFP4Weight(_ModelOptWeight):
@@ -128,22 +151,13 @@ class NVFP4Weight(_ModelOptWeight):
     def _scale_2(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
         return _plain_scale(op, params["_scale_2"], self.scale_2_shape, self.stacked)
 
-    def matmul(
-        self,
-        op: OpBuilder,
-        x: ir.Value,
-        params: dict[str, ir.Value],
-        bias: ir.Value | None = None,
-    ) -> ir.Value:
-        if self.stacked:
-            raise ValueError("stacked NVFP4 weights compute through select(), not matmul()")
+    def _kernel_matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value]) -> ir.Value:
         scale_2 = self._scale_2(op, params)
-        if self.kernel:
-            _uses_contrib_ops(op)
-            y = nvfp4.emit_matmul_ort(op, x, params[""], params["_scale"], scale_2)
-            return op.Add(y, bias) if bias is not None else y
-        w = nvfp4.emit_dense_at_run_time(op, params[""], params["_scale"], scale_2)
-        return _gemm(op, x, w, bias, self.dtype)
+        return nvfp4.emit_matmul_ort(op, x, params[""], params["_scale"], scale_2)
+
+    def _dense(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
+        scale_2 = self._scale_2(op, params)
+        return nvfp4.emit_dense_at_run_time(op, params[""], params["_scale"], scale_2)
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         _uses_contrib_ops(op)  # E4M3 block-scale rows are gathered with GatherBlockQuantized
@@ -175,26 +189,18 @@ class FP8Weight(_ModelOptWeight):
             "_scale": nn.Parameter([*lead, *self.scale_shape], dtype=FLOAT),
         }
 
-    def matmul(
-        self,
-        op: OpBuilder,
-        x: ir.Value,
-        params: dict[str, ir.Value],
-        bias: ir.Value | None = None,
-    ) -> ir.Value:
-        if self.stacked:
-            raise ValueError("stacked FP8 weights compute through select(), not matmul()")
+    def _scale(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
+        return _plain_scale(op, params["_scale"], self.scale_shape, False)
+
+    def _kernel_matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value]) -> ir.Value:
         weight = params[""]
-        scale = _plain_scale(op, params["_scale"], self.scale_shape, False)
-        if self.kernel:
-            _uses_contrib_ops(op)
-            k = int(weight.shape[-1])
-            y = fp8.emit_matmul_ort(op, x, weight, scale, in_features=k)
-            return op.Add(y, bias) if bias is not None else y
+        scale = self._scale(op, params)
+        return fp8.emit_matmul_ort(op, x, weight, scale, in_features=int(weight.shape[-1]))
+
+    def _dense(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
         # e4m3 * scale, one float32 rounding like the reference. DequantizeLinear rather than
         # Cast + Mul: onnxruntime does not constant-fold it, so the session keeps FP8 bytes.
-        w = op.DequantizeLinear(weight, scale)
-        return _gemm(op, x, w, bias, self.dtype)
+        return op.DequantizeLinear(params[""], self._scale(op, params))
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         scale = _plain_scale(op, params["_scale"], self.scale_shape, self.stacked)
