@@ -392,3 +392,25 @@ def test_help_shows_every_default(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 5)" in text and "(default: cpu;" in text
     assert "default: a new temporary directory" in text and "--quiet" in text
+
+
+def test_a_reference_that_breaks_is_reported_not_raised(
+    exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reference that cannot run (a config transformers rejects, a missing kernel) leaves
+    numerical_parity and generation NOT_RUN with the error as the reason, not a traceback."""
+    from mobius_lite.evaluation import qualify as harness
+
+    def broken(*args, **kwargs):
+        raise IndexError("index 1 is out of bounds")
+
+    monkeypatch.setattr(harness, "_reference_run", broken)
+    _, root = exported
+    report = qualify(root / "package", root / "checkpoint", steps=1, output=tmp_path / "q")
+    for name in ("numerical_parity", "generation"):
+        verdict = report.verdicts[name]
+        assert (
+            verdict.status == "NOT_RUN"
+            and "IndexError: index 1 is out of bounds" in verdict.summary
+        )
+    assert report.verdicts["graph_validity"].status == "PASS"

@@ -377,7 +377,10 @@ def qualify(
     reference_facts: dict[str, Any] = {}
     if facts["session"].get("ok"):
         say("running the reference (transformers, torch FP32)")
-        reference, reference_facts = _reference_run(source_dir, config, model_type, ids, steps)
+        try:
+            reference, reference_facts = _reference_run(source_dir, config, model_type, ids, steps)
+        except Exception as exc:  # evidence for the report, never a traceback
+            reference_facts = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
 
     run = _run_facts(package_dir, source_dir, model_type, providers, verdicts)
     run.update(
@@ -464,7 +467,12 @@ def _decide(
         "source_fidelity": Verdict.from_dict(saved["source_fidelity"]),
     }
     if not ours or not reference:
-        reason = "the package graph did not run" if not ours else "the reference did not run"
+        error = run.get("reference", {}).get("error")
+        reason = (
+            "the package graph did not run"
+            if not ours
+            else "the reference did not run" + (f": {error}" if error else "")
+        )
         verdicts["numerical_parity"] = Verdict(NOT_RUN, reason, {})
         verdicts["generation"] = Verdict(NOT_RUN, reason, {})
         return QualifyReport(verdicts, run)

@@ -189,7 +189,16 @@ def qualify_omni_verdicts(
     say("checking every graph (checker, session)")
     verdicts = {"graph_validity": _graph_validity(package_dir, providers)}
     verdicts["source_fidelity"] = source_fidelity(package_dir, source_dir)
-    ours, ref, names, facts = omni_runs(package_dir, source_dir, steps, providers, say)
+    try:
+        ours, ref, names, facts = omni_runs(package_dir, source_dir, steps, providers, say)
+    except Exception as exc:  # a run that breaks is evidence, reported, never a traceback
+        reference = _raised_by_reference(exc)
+        where = "the reference (transformers)" if reference else "the package"
+        reason = f"{where} did not run: {type(exc).__name__}: {exc}"[:1000]
+        status = scoring.NOT_RUN if reference else FAIL
+        verdicts["numerical_parity"] = Verdict(status, reason, {})
+        verdicts["generation"] = Verdict(status, reason, {})
+        return verdicts, {"steps": [], "execution_order": {}, "omni": {"error": reason}}, {}, {}
     order = {name.partition("/")[2]: i for i, name in enumerate(ours)}
     verdicts["numerical_parity"] = with_evs_check(
         scoring.score_parity(ours, ref, names, order), facts
@@ -210,3 +219,12 @@ def with_evs_check(parity: Verdict, facts: dict[str, Any]) -> Verdict:
         f"EVS retention masks differ (kept {kept[0]} vs {kept[1]}); {parity.summary}",
         {**parity.evidence, "evs": facts},
     )
+
+
+def _raised_by_reference(exc: BaseException) -> bool:
+    """Whether the innermost frame of the error is transformers' or torch's code."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+    return last is not None and ("/transformers/" in last or "/torch/" in last)

@@ -62,6 +62,8 @@ def family_of(name: str) -> str:
         return "conv_state"
     if name.endswith(".recurrent_state"):
         return "recurrent_state"
+    if name.endswith("_features"):  # Omni: image / video / audio encoder outputs
+        return "media_features"
     return "other"
 
 
