@@ -237,3 +237,20 @@ def test_in_memory_source_is_hashed_and_verified(tmp_path: Path) -> None:
     for name, entry in manifest["sources"].items():
         assert entry["sha256"] == hashlib.sha256(state[name].tobytes()).hexdigest(), name
     assert verify_package(out, package.source).ok
+
+
+def test_version_1_manifests_are_still_read(checkpoint: Path, tmp_path: Path) -> None:
+    """A package written by the first manifest version (one decoder: top-level model_file and
+    initializers, no graphs / shared) still verifies: read_manifest presents it as version 2."""
+    out = export(checkpoint, tmp_path / "pkg", "f16", verify=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    decoder = manifest.pop("graphs")["decoder"]
+    manifest.pop("shared")
+    for entry in manifest["sources"].values():
+        entry.pop("graphs")
+    v1 = {**manifest, "format_version": 1, "model_file": decoder["file"]}
+    v1["initializers"] = decoder["initializers"]
+    (out / "manifest.json").write_text(json.dumps(v1))
+    assert read_manifest(out)["graphs"]["decoder"]["file"] == "model.onnx"
+    report = verify_package(out, checkpoint)
+    assert report.ok, report.mismatches
