@@ -498,3 +498,28 @@ def test_inspect_shows_each_weights_route(written: dict[str, Any], capsys) -> No
     assert sum(row["tensors"] for row in storages.values()) == len(_manifest(package)["sources"])
     assert main(["inspect", str(package)]) == 0
     assert "weight routes: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", list(CASES))
+def test_f16_activations_stay_within_the_release_gates(
+    written: dict[str, Any], key: str, tmp_path: Path
+) -> None:
+    """--dtype f16 (decode in f32, one cast to f16): prefill logits against transformers on the
+    same dequantized weights within the fixed release gates (NRMSE <= 0.03, cosine >= 0.999),
+    the gates every f16 package is held to."""
+    import torch
+
+    from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
+    from mobius_lite.runtime import DecoderSession
+    from nemotron_reference import pinned_torch
+
+    entry = written[key]
+    package = _export(entry["files"], tmp_path / "f16", "--dtype", "f16")
+    config = NemotronHConfig.from_file(package)
+    ids = np.random.default_rng(1).integers(3, config.vocab_size, size=(1, 9))
+    session = DecoderSession(package / "model.onnx", config, ir.DataType.FLOAT16)
+    ours = session.step(ids)["logits"]
+    with pinned_torch():
+        expected = _reference(entry)(torch.from_numpy(ids)).logits.float().numpy()
+    result = compare("f16 prefill logits", ours, expected)
+    assert result.passes(RELEASE_NRMSE, RELEASE_COSINE), result
