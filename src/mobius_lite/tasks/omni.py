@@ -25,7 +25,7 @@ from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
 from mobius_lite.models.nemotron_h_names import (
-    LM_HEAD_WEIGHT,
+    SourceLayout,
     logits_from_embeddings,
     unused_tensor_rules,
 )
@@ -40,7 +40,7 @@ from mobius_lite.models.omni_vision import OmniVisionConfig
 from mobius_lite.package import GraphRecord
 from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.sources.names import NameMap, as_ref
+from mobius_lite.sources.names import NameMap
 from mobius_lite.tasks.options import ExportOptions
 from mobius_lite.weights.binding import (
     bind_model,
@@ -79,7 +79,8 @@ def omni_graphs(
     kind: str,
     options: ExportOptions | None = None,
 ) -> OmniGraphs:
-    """Every graph of the Omni package, bound (lazily) to `source`."""
+    """Every graph of the Omni package, bound (lazily) to `source`: a safetensors checkpoint in
+    the released or the transformers layout (tested with dense weights)."""
     options = options or ExportOptions()
     precision, backend = options.precision, options.backend
     config = OmniConfig.from_dict(raw_config)
@@ -95,10 +96,7 @@ def omni_graphs(
 
     names = LanguageModelNames()
     formats = options.weight_formats(source, names)
-    lm_head = any(
-        all(n in available for n in as_ref(c).names) for c in names.alternatives(LM_HEAD_WEIGHT, ())
-    )
-    tied = logits_from_embeddings(text, lm_head)
+    tied = logits_from_embeddings(text, SourceLayout(names).lm_head_present(source))
     decoder, _ = build_decoder(
         text,
         precision,
