@@ -400,3 +400,21 @@ def test_build_from_module_binds_the_transformers_names(exported, tmp_path: Path
     source = manifest["sources"]["vision_model.encoder.layer.0.attention.q_proj.weight"]
     assert source["transform"] == "concat"
     assert source["initializer"] == "vision_model.encoder.layer.0.attention.qkv.weight"
+
+
+def test_qualify_media_make_evs_choose(exported) -> None:
+    """qualify's synthetic video has enough tubelets for EVS to rank and drop tokens (the mask
+    check is not trivially the first tubelet)."""
+    from mobius_lite.configs.omni import OmniConfig
+    from mobius_lite.evaluation.qualify_omni import synthetic_media
+
+    model, _, _ = exported
+    media = synthetic_media(OmniConfig.from_dict(model.config.to_dict()))
+    with pinned_torch():
+        (video,) = model.get_video_features(
+            torch.from_numpy(media["pixel_values_videos"])
+        ).pooler_output
+        tubelets = media["pixel_values_videos"].shape[1]
+        keep = compute_retention_mask(video, tubelets, model.video_pruning_rate).numpy()
+    per_tubelet = len(keep) // tubelets
+    assert tubelets >= 3 and per_tubelet < keep.sum() < len(keep)

@@ -49,9 +49,9 @@ def _graph_validity(package_dir: Path, providers: list[str]) -> Verdict:
 
 
 def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Processed media of the shapes the processors produce: two images of different grids,
-    a 3-frame video (odd: the last frame repeats into the second tubelet), two audio clips of
-    different lengths when the model has audio."""
+    """Processed media of the shapes the processors produce: two images of different grids, a
+    7-frame video (4 tubelets, so EVS ranks three of them; odd: the last frame repeats), and
+    two audio clips of different lengths when the model has audio."""
     from mobius_lite.models.omni_audio import OmniAudioConfig
     from mobius_lite.models.omni_vision import OmniVisionConfig
 
@@ -63,7 +63,7 @@ def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
         "pixel_values": rng.standard_normal((int(grid.prod(-1).sum()), vision.radio.patch_dim)),
         "image_grid_hw": grid,
     }
-    frames = rng.standard_normal((3, vision.radio.num_channels, 2 * m * p, 2 * m * p))
+    frames = rng.standard_normal((7, vision.radio.num_channels, 2 * m * p, 2 * m * p))
     frames = np.concatenate([frames, frames[-1:]])  # the processor's odd-count padding
     channels = vision.radio.num_channels * (vision.radio.video_temporal_patch_size or 2)
     media["pixel_values_videos"] = frames.reshape(1, -1, channels, 2 * m * p, 2 * m * p)
