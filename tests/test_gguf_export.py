@@ -523,3 +523,29 @@ def test_f16_activations_stay_within_the_release_gates(
         expected = _reference(entry)(torch.from_numpy(ids)).logits.float().numpy()
     result = compare("f16 prefill logits", ours, expected)
     assert result.passes(RELEASE_NRMSE, RELEASE_COSINE), result
+
+
+def test_a_gguf_file_of_a_hub_repository(
+    written: dict[str, Any], tmp_path: Path, monkeypatch
+) -> None:
+    """`--model org/name --gguf-file FILE`: the file comes from the Hugging Face cache (offline
+    here, a hand-made cache) at the requested revision, and the package records that commit;
+    without --gguf-file the same id is looked up as a safetensors repository and refused
+    (exit 2)."""
+    sha = "7" * 40
+    repo = "someorg/tiny-gguf"
+    snapshot = tmp_path / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / sha
+    snapshot.mkdir(parents=True)
+    shutil.copy(written["hybrid"]["files"][0], snapshot / "tiny-Q.gguf")
+    refs = snapshot.parent.parent / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(sha)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "pkg"
+    args = ["build", "--model", repo, "--gguf-file", "tiny-Q.gguf", "--output", str(out), "-q"]
+    assert main(args) == 0
+    manifest = _manifest(out)
+    assert manifest["source"] == {"model": repo, "revision": sha}
+    assert verify_package(out, snapshot / "tiny-Q.gguf").ok
+    assert main(["build", "--model", repo, "--output", str(tmp_path / "no"), "-q"]) == 2
