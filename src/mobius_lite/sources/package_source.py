@@ -39,9 +39,8 @@ def source_for_package(
                 "build_from_module have none); pass --source CHECKPOINT"
             )
         source, revision = record["model"], revision or record.get("revision")
-    if is_gguf(source) and Path(source).is_file():  # a GGUF file is the checkpoint itself
-        if revision:
-            raise ConfigError(f"--revision {revision} was given with the local file {source}")
-        path = Path(source).resolve()
-        return ResolvedCheckpoint(path=path, model=str(path), revision=None, hub=False)
+    if is_gguf(source):  # a GGUF file is the checkpoint itself
+        from mobius_lite.sources.gguf_open import resolve_gguf
+
+        return resolve_gguf(source, revision)
     return resolve_checkpoint(source, revision, weights=True)

@@ -23,7 +23,7 @@ from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
 from mobius_lite.formats.ggml import dense as ggml_dense
 from mobius_lite.formats.ggml import iq1, iq2, iq3, iq4, kquants, legacy
 from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, to_matmulnbits
-from mobius_lite.formats.ggml.types import GGML_TYPES, BlockCodec, GGMLType
+from mobius_lite.formats.ggml.types import BlockCodec, GGMLType
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 
 CODECS: dict[str, BlockCodec] = {
@@ -236,7 +236,3 @@ class GGMLStorage:
         from mobius_lite.formats.ggml.weight import GGMLWeight
 
         return GGMLWeight.choose(self.type, dtype, backend, tuple(shape))
-
-
-def ggml_storage(type_name: str) -> GGMLStorage:
-    return GGMLStorage(GGML_TYPES[type_name])

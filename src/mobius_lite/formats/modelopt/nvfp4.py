@@ -106,16 +106,6 @@ def fp4_tensor(packed: np.ndarray, name: str) -> ir.PackedTensor:
     )
 
 
-def _rank(value: ir.Value) -> int:
-    if value.shape is None:
-        raise ValueError(f"{value.name}: the NVFP4 emitters need a value of known rank")
-    return value.shape.rank()
-
-
-def _ones(op: OpBuilder, rank: int) -> ir.Value:
-    return op.Constant(value=ir.tensor(np.ones((1,) * rank, dtype=np.float32)))
-
-
 def _widen_rows(op: OpBuilder, data: ir.Value, indices: ir.Value) -> ir.Value:
     """data[indices] along axis 0 as FLOAT, for FLOAT4E2M1 / FLOAT8E4M3FN data (exact).
 
