@@ -64,13 +64,19 @@ def timed_steps(prefill, step, prompt: list[int], decode: int) -> dict[str, Any]
     }
 
 
-def run_package(work: Path, threads: int, prompt: list[int], decode: int) -> dict[str, Any]:
+def package_dir(work: Path, backend: str) -> Path:
+    return work / f"package-{backend}"
+
+
+def run_package(
+    work: Path, threads: int, prompt: list[int], decode: int, backend: str
+) -> dict[str, Any]:
     import onnxruntime as ort
 
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
-    package = work / "package"
+    package = package_dir(work, backend)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -81,8 +87,9 @@ def run_package(work: Path, threads: int, prompt: list[int], decode: int) -> dic
     load = time.perf_counter() - start
 
     def prefill(ids: list[int]) -> int:
+        # The last position's logits only, as llama.cpp computes by default.
         session.reset(1)
-        return int(session.step(np.array([ids]))["logits"][0, -1].argmax())
+        return int(session.step(np.array([ids]), logits_to_keep=1)["logits"][0, -1].argmax())
 
     def step(token: int) -> int:
         return int(session.step(np.array([[token]]))["logits"][0, -1].argmax())
@@ -90,11 +97,13 @@ def run_package(work: Path, threads: int, prompt: list[int], decode: int) -> dic
     return {"load_s": load, **timed_steps(prefill, step, prompt, decode)}
 
 
-def run_genai(work: Path, threads: int, prompt: list[int], decode: int) -> dict[str, Any]:
+def run_genai(
+    work: Path, threads: int, prompt: list[int], decode: int, backend: str
+) -> dict[str, Any]:
     import onnxruntime_genai as og
 
     start = time.perf_counter()
-    config = og.Config(str(work / "package"))
+    config = og.Config(str(package_dir(work, backend)))
     options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
     config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     model = og.Model(config)
@@ -211,15 +220,15 @@ def versions() -> dict[str, str]:
     return out
 
 
-def prepare(work: Path, variant: str, with_gguf: bool) -> None:
+def prepare(work: Path, variant: str, with_gguf: bool, backend: str = "ort") -> None:
     """Checkpoint, package (f32) and, for llama.cpp, an F32 GGUF of the same weights."""
     pattern = PATTERNS[variant]
     if not (work / "checkpoint" / "config.json").is_file():
         model = make_checkpoint(work / "checkpoint", pattern)
     else:
         model = None
-    if not (work / "package" / "model.onnx").is_file():
-        export(work / "checkpoint", work / "package")
+    if not (package_dir(work, backend) / "model.onnx").is_file():
+        export(work / "checkpoint", package_dir(work, backend), backend)
     if with_gguf and not (work / "model-f32.gguf").is_file():
         sys.path.insert(0, str(HERE.parent / "tests"))
         from gguf_fixtures import build_bpe_tokenizer, write_gguf
@@ -248,6 +257,8 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.prompt_length),
         "--decode-tokens",
         str(args.decode_tokens),
+        "--backend",
+        args.backend,
     ]
     load_before = os.getloadavg()
     busy0, steal0 = busy_jiffies()
@@ -314,6 +325,13 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument(
+        "--backend",
+        choices=("standard", "ort"),
+        default="ort",
+        help="the package's --weights-backend (ort: onnxruntime's native Mamba kernels; "
+        "default: %(default)s)",
+    )
+    parser.add_argument(
         "--quiet-cores",
         type=float,
         default=0.25,
@@ -325,7 +343,9 @@ def main() -> None:
 
     prompt = prompt_ids(args.prompt_length)
     if args.side:
-        result = RUNNERS[args.side](args.workdir, args.threads, prompt, args.decode_tokens)
+        runner = RUNNERS[args.side]
+        extra = {"backend": args.backend} if args.side in ("package", "genai") else {}
+        result = runner(args.workdir, args.threads, prompt, args.decode_tokens, **extra)
         print(json.dumps(result))
         return
 
@@ -338,7 +358,7 @@ def main() -> None:
     if "genai" in sides and importlib.util.find_spec("onnxruntime_genai") is None:
         sides.remove("genai")
     args.workdir.mkdir(parents=True, exist_ok=True)
-    prepare(args.workdir, args.variant, "llama_cpp" in sides)
+    prepare(args.workdir, args.variant, "llama_cpp" in sides, args.backend)
 
     rounds = []
     for r in range(args.rounds):
@@ -360,6 +380,7 @@ def main() -> None:
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "variant": f"{args.variant} ({PATTERNS[args.variant]})",
+        "backend": args.backend,
         "threads": args.threads,
         "prompt_length": args.prompt_length,
         "decode_tokens": args.decode_tokens,

@@ -8,8 +8,9 @@ One run:
      quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS needs an
      importance matrix in llama.cpp, so that file is written by the fixtures (random valid
      IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
-  2. per file and route (standard, ort, --dequantize; F32 files have no packed weights: one
-     route): `mobius build` wall time and peak RSS (/usr/bin/time -v), package weight bytes,
+  2. per file and route (standard, ort = --backend ort, --dequantize, and --dequantize with
+     --backend ort; F32 files have no packed weights: standard and ort only): `mobius build`
+     wall time and peak RSS (/usr/bin/time -v), package weight bytes,
      then in a fresh process: session creation time, prefill of --prompt-length tokens and
      decode ms/token (medians), and that process's peak RSS;
   3. llama.cpp (llama_cpp.Llama) on the same file with the same thread count: load time,
@@ -156,8 +157,8 @@ def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repe
     after_session = rss_mib() - before
 
     def prefill():
-        session.reset(1)
-        return session.step(prompt)
+        session.reset(1)  # last position's logits only, as llama.cpp computes
+        return session.step(prompt, logits_to_keep=1)
 
     prefill()
     prefill_s = median_time(prefill, repeats)
@@ -224,6 +225,11 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--types", default="Q8_0,Q4_K_M,IQ2_XXS")
+    parser.add_argument(
+        "--routes",
+        default="",
+        help="comma-separated subset of standard, ort, dequantize, dequantize+ort (default: all)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -237,6 +243,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True)
     files = write_files(args.workdir, args.types.split(","))
     results: dict[str, Any] = {
+        "command": " ".join(["python benchmarks/bench_gguf.py", *sys.argv[1:]]),
         "config": f"mid without dense MLP layers ({PATTERN}), nemotron_h_moe",
         "threads": args.threads,
         "prompt_length": args.prompt_length,
@@ -246,10 +253,14 @@ def main() -> None:
     }
     for name, path in files.items():
         entry: dict[str, Any] = {**gguf_facts(path), "routes": {}}
-        routes = {"standard": []} if name == "F32" else {
-            "standard": [], "ort": ["--weights-backend", "ort"], "dequantize": ["--dequantize"],
+        routes = {"standard": [], "ort": ["--backend", "ort"]} if name == "F32" else {
+            "standard": [], "ort": ["--backend", "ort"], "dequantize": ["--dequantize"],
+            "dequantize+ort": ["--dequantize", "--backend", "ort"],
         }  # fmt: skip
+        wanted = set(args.routes.split(",")) if args.routes else set(routes)
         for route, flags in routes.items():
+            if route not in wanted:
+                continue
             package = args.workdir / f"pkg-{name}-{route}"
             entry["routes"][route] = {
                 **timed_export(path, package, flags),

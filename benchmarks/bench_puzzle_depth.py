@@ -187,10 +187,11 @@ def write_synthetic_checkpoint(raw: dict[str, Any], directory: Path, seed: int =
     return {"source_tensors": tensors_written, "checkpoint_bytes": size}
 
 
-def export(checkpoint: Path, output: Path) -> dict:
+def export(checkpoint: Path, output: Path, backend: str) -> dict:
     cmd = [
         "/usr/bin/time", "-v", sys.executable, "-m", "mobius_lite.cli.main", "build",
         "--model", str(checkpoint), "--output", str(output), "--dtype", "f32", "--overwrite",
+        "--backend", backend,
     ]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -221,7 +222,7 @@ def run_session(package: Path, raw: dict[str, Any], threads: int) -> dict:
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, raw["vocab_size"], size=(1, 16)).astype(np.int64)
     start = time.perf_counter()
-    out = session.step(prompt)
+    out = session.step(prompt, logits_to_keep=1)
     prefill = time.perf_counter() - start
     token = out["logits"][:, -1].argmax(-1)[:, None]
     steps = []
@@ -248,11 +249,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep checkpoint and package")
+    parser.add_argument(
+        "--backend",
+        choices=("standard", "ort"),
+        default="ort",
+        help="the export's --backend (default: %(default)s)",
+    )
     args = parser.parse_args()
 
     figures: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor()},
         "command": " ".join(["python", "benchmarks/bench_puzzle_depth.py", *sys.argv[1:]]),
+        "backend": args.backend,
     }
     figures["production_512"] = graph_figures(puzzle_config(PRODUCTION, 512, WIDTHS))
     figures["production_64"] = graph_figures(puzzle_config(PRODUCTION, 64, WIDTHS))
@@ -270,7 +278,9 @@ def main() -> None:
         figures["tiny_512_checkpoint"] = write_synthetic_checkpoint(tiny, workdir / "checkpoint")
         figures["tiny_512_checkpoint"]["write_seconds"] = round(time.perf_counter() - start, 1)
         print("checkpoint", figures["tiny_512_checkpoint"], flush=True)
-        figures["tiny_512_export"] = export(workdir / "checkpoint", workdir / "package")
+        figures["tiny_512_export"] = export(
+            workdir / "checkpoint", workdir / "package", args.backend
+        )
         print("export", figures["tiny_512_export"], flush=True)
         figures["tiny_512_session"] = run_session(workdir / "package", tiny, args.threads)
         print("session", figures["tiny_512_session"], flush=True)

@@ -68,11 +68,12 @@ def make_checkpoint(directory: Path, pattern: str, seed: int = 0) -> Any:
     return model
 
 
-def export(checkpoint: Path, package: Path) -> Path:
-    """Export checkpoint -> package (f32) with the library's Python entry point."""
+def export(checkpoint: Path, package: Path, backend: str = "standard") -> Path:
+    """Export checkpoint -> package (f32, on `backend`) with the library's Python entry point."""
     import mobius_lite
 
-    return mobius_lite.build(checkpoint, dtype="f32").save(package, overwrite=True, quiet=True)
+    built = mobius_lite.build(checkpoint, dtype="f32", weights_backend=backend)
+    return built.save(package, overwrite=True, quiet=True)
 
 
 def rss_bytes() -> int:

@@ -35,6 +35,7 @@ def export_reference(
     seed: int = 0,
     patch: Callable[[Any], None] | None = None,
     edit_checkpoint: Callable[[Path], None] | None = None,
+    weights_backend: str = "standard",
 ):
     model = make_reference(overrides, seed)
     if patch is not None:
@@ -43,7 +44,7 @@ def export_reference(
     model.save_pretrained(checkpoint)
     if edit_checkpoint is not None:
         edit_checkpoint(checkpoint)
-    package = mobius_lite.build(checkpoint, dtype="f32")
+    package = mobius_lite.build(checkpoint, dtype="f32", weights_backend=weights_backend)
     out = package.save(directory / "package")
     config = NemotronHConfig.from_file(checkpoint)
     return model, config, out
@@ -60,14 +61,16 @@ def run_parity(
     seed: int = 0,
     patch: Callable[[Any], None] | None = None,
     edit_checkpoint: Callable[[Path], None] | None = None,
+    weights_backend: str = "standard",
 ) -> ParityRun:
-    """Prefill `prompt_length` tokens then `decode_steps` greedy steps on both sides.
+    """Prefill `prompt_length` tokens then `decode_steps` greedy steps on both sides
+    (the package built on `weights_backend`).
 
     Each side is fed its own previous greedy token and its own state. Logits and K/V are
     compared on real (non-padded) positions only: padded positions are never attended to.
     """
     model, config, package_dir = export_reference(
-        overrides, directory, seed, patch, edit_checkpoint
+        overrides, directory, seed, patch, edit_checkpoint, weights_backend
     )
     return drive_parity(
         model,

@@ -98,7 +98,13 @@ def test_genai_config_describes_the_graph(tmp_path: Path) -> None:
     assert config["model"]["type"] == "decoder"
     assert config["search"]["past_present_share_buffer"] is False
     proto = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    # An input with an initializer is optional (that is its default); genai feeds the rest.
+    defaults = {t.name: t for t in proto.graph.initializer}
     inputs = {i.name for i in proto.graph.input} - {"input_ids", "attention_mask"}
+    optional = {name for name in inputs if name in defaults}
+    assert optional == {"logits_to_keep"}
+    assert onnx.numpy_helper.to_array(defaults["logits_to_keep"]) == 0  # 0: every position
+    inputs -= optional
     outputs = {o.name for o in proto.graph.output} - {"logits"}
     described_in = {
         decoder["inputs"][key] % layer

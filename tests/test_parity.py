@@ -219,6 +219,37 @@ def test_tied_flag_with_own_lm_head_binds_it(tmp_path: Path) -> None:
     assert "lm_head.weight" not in package.plan.unused
 
 
+# Cases whose Mamba mixers exercise every shape the contrib kernels see: groups, odd sizes, a
+# prompt over several chunks, left padding in a batch.
+ORT_BACKEND_CASES = [
+    "all_kinds",
+    "mamba_four_groups",
+    "odd_sizes",
+    "prompt_spans_chunks",
+    "left_padded_batch_of_3",
+]
+
+
+@pytest.mark.parametrize("case", ORT_BACKEND_CASES)
+def test_ort_backend_matches_transformers(case: str, tmp_path: Path) -> None:
+    """The ort backend runs the Mamba conv and SSD recurrence on onnxruntime's com.microsoft
+    kernels: the same gates against transformers as the standard-op twin above."""
+    import onnx
+
+    spec = dict(CASES[case])
+    run = run_parity(spec.pop("overrides"), tmp_path, weights_backend="ort", **spec)
+    failures = run.failures(FP32_NRMSE, FP32_COSINE)
+    assert not failures, "\n".join(f"{c.name}: nrmse={c.nrmse:.3e}" for c in failures)
+    assert run.exported_tokens == run.reference_tokens
+
+    graph = onnx.load(tmp_path / "package" / "model.onnx", load_external_data=False).graph
+    domains = {n.domain for n in graph.node if n.op_type in MAMBA_KERNELS}
+    assert domains == {"com.microsoft"}
+
+
+MAMBA_KERNELS = ("CausalConvWithState", "LinearAttention")
+
+
 @pytest.mark.parametrize("path", ["scan", "loop"])
 def test_every_expert_path_matches_transformers(
     path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -79,7 +79,8 @@ def build(
     export as several graphs (task image-text-to-text, see tasks/omni.py).
 
     Packed weights (GGUF blocks, ModelOpt NVFP4 / FP8) stay packed and compute on
-    `weights_backend` ("standard": standard ONNX ops; "ort": onnxruntime's own ops); with
+    `weights_backend` ("standard": standard ONNX ops; "ort": onnxruntime's own ops, which also
+    gives the Mamba mixers onnxruntime's native conv / SSD kernels); with
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
     fields a GGUF file does not carry. Nothing but config, tokenizer and tensor headers is
     read here; tensor data is streamed by ModelPackage.save. The resolved commit is
@@ -128,17 +129,20 @@ def build_from_module(
     task: str | None = None,
     dtype: Precision | str = Precision.F32,
     ep: str = "cpu",
+    *,
+    weights_backend: Backend | str = Backend.STANDARD,
 ) -> ModelPackage:
     """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its state dict
-    is the source."""
+    is the source. `weights_backend` as in build."""
     precision, provider = check_route(dtype, ep)
+    backend = parse_backend(weights_backend)
     raw = config if config is not None else module.config
     if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
     source = MemorySource(module.state_dict())
     text_config, graphs, shared, config_json = package_graphs(
-        raw, source, SAFETENSORS, ExportOptions(precision)
+        raw, source, SAFETENSORS, ExportOptions(precision, backend)
     )
     return ModelPackage(
         config=text_config,

@@ -20,7 +20,7 @@ from mobius_lite.configs.omni import OmniConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import MobiusError
 from mobius_lite.layout import CONFIG_FILE
-from mobius_lite.runtime import CPU, DecoderSession
+from mobius_lite.runtime import CPU, DecoderSession, quiet_options
 from mobius_lite.sources.config_json import read_config_json
 
 IMAGE_FEATURES = "image_features"
@@ -80,7 +80,9 @@ class OmniSession:
             path = self.directory / role.file_name
             if not path.is_file():
                 raise MobiusError(f"{self.directory} has no {role.file_name}")
-            self._sessions[role] = self._ort.InferenceSession(str(path), providers=self.providers)
+            self._sessions[role] = self._ort.InferenceSession(
+                str(path), quiet_options(), providers=self.providers
+            )
         return self._sessions[role]
 
     def _run(self, role: GraphRole, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ import onnx_ir as ir
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.cache import BATCH, PAST, CacheTensor, cache_tensors
+from mobius_lite.graphs.decoder import LOGITS_TO_KEEP
 
 CPU = "CPUExecutionProvider"
 PROVIDERS = {"cpu": [CPU], "cuda": ["CUDAExecutionProvider", CPU]}
@@ -46,6 +47,18 @@ def session_providers(ep: str) -> list[str]:
     return providers
 
 
+def quiet_options(options: Any = None) -> Any:
+    """onnxruntime SessionOptions that log errors only, unless a severity was set: the one
+    warning a decoder load gives is that its logits_to_keep input has a default value (an
+    initializer), which is the design (graphs/decoder.py)."""
+    import onnxruntime as ort
+
+    options = options if options is not None else ort.SessionOptions()
+    if options.log_severity_level == -1:
+        options.log_severity_level = 3
+    return options
+
+
 class DecoderSession:
     """An onnxruntime session over a package's decoder that carries its own cache.
 
@@ -65,11 +78,16 @@ class DecoderSession:
 
         self.session = ort.InferenceSession(
             model if isinstance(model, bytes) else str(model),
-            sess_options=session_options,
+            sess_options=quiet_options(session_options),
             providers=providers or [CPU],
         )
         self.cache = cache_tensors(config.layers, dtype)
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # Packages exported before the input existed have no logits_to_keep.
+        self.keeps_logits = LOGITS_TO_KEEP in {
+            i.name
+            for i in (*self.session.get_inputs(), *self.session.get_overridable_initializers())
+        }
         self.past: dict[str, np.ndarray] = {}
         self.mask: np.ndarray | None = None
 
@@ -79,11 +97,15 @@ class DecoderSession:
         self.mask = np.zeros((batch, 0), dtype=np.int64)
 
     def step(
-        self, tokens: np.ndarray, attention_mask: np.ndarray | None = None
+        self,
+        tokens: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        logits_to_keep: int = 0,
     ) -> dict[str, np.ndarray]:
         """Run one call on input_ids [batch, new] (int) or, for a decoder that takes them,
         inputs_embeds [batch, new, hidden] (float); attention_mask covers only the new tokens
-        (default all ones).
+        (default all ones). logits_to_keep > 0 asks for the logits of the last that many
+        positions only (generation needs one; a decoder without the input returns all).
 
         The full past + current mask is passed, as the I/O contract requires. Returns every
         output by name and keeps the presents as the next past.
@@ -103,6 +125,8 @@ class DecoderSession:
         self.mask = np.concatenate([self.mask, new_mask], axis=1)
         name = "inputs_embeds" if embeds else "input_ids"
         feeds = {name: tokens, "attention_mask": self.mask, **self.past}
+        if logits_to_keep and self.keeps_logits:
+            feeds[LOGITS_TO_KEEP] = np.array(logits_to_keep, dtype=np.int64)
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results

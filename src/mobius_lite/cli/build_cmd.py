@@ -121,11 +121,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--weights-backend",
+        "--backend",
+        dest="weights_backend",
         default=Backend.STANDARD.value,
         choices=[b.value for b in Backend],
-        help="how packed weights (GGUF blocks, NVFP4, FP8) compute: standard = standard ONNX "
-        "ops decoding the verbatim blocks (any provider), ort = onnxruntime's own packed-weight "
-        "ops where they exist (default: %(default)s)",
+        help="which operators the graphs use: standard = standard ONNX ops only (packed GGUF / "
+        "NVFP4 / FP8 blocks decoded by them; any runtime), ort = onnxruntime's own com.microsoft "
+        "ops where they exist (packed-weight kernels, and the Mamba conv and SSD kernels that "
+        "onnxruntime's CPU provider runs natively: the faster CPU route) (default: %(default)s)",
     )
     p.add_argument(
         "--dequantize",

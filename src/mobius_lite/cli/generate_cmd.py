@@ -98,7 +98,7 @@ def _text(args, package: Path, tokenizer, providers: list[str], raw: dict) -> li
     config = load_text_config(raw)
     session = DecoderSession(package / "model.onnx", config, providers=providers)
     ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
-    out = session.step(ids)
+    out = session.step(ids, logits_to_keep=1)  # greedy needs the last position only
     tokens: list[int] = []
     for _ in range(args.max_new_tokens):
         tokens.append(int(np.argmax(out["logits"][0, -1])))

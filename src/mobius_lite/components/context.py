@@ -20,10 +20,12 @@ from mobius_lite.formats.weight import DenseWeight, WeightFormat
 
 
 class Backend(str, enum.Enum):
-    """Which operators a packed format may emit."""
+    """Which operators the graphs may emit: packed formats' kernels, and the Mamba mixer's."""
 
     STANDARD = "standard"  # standard ONNX ops only: runs on any execution provider
-    ORT = "ort"  # onnxruntime's com.microsoft contrib ops where they fit
+    # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
+    # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
+    ORT = "ort"
 
 
 # (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense

@@ -1,4 +1,8 @@
-"""NemotronHMamba2Mixer on standard opset-27 ops: CausalConvWithState + LinearAttention("gated").
+"""NemotronHMamba2Mixer on opset-27 CausalConvWithState + LinearAttention("gated").
+
+With the ort backend both come from onnxruntime's com.microsoft domain instead: the same
+operators with the same inputs and attributes, which onnxruntime 1.32's CPU provider runs as
+native kernels (the opset-27 ones run as their function bodies, a Scan over time).
 
 The SSD recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t h_t + D x_t maps onto
 LinearAttention's gated rule S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t S_t with
@@ -13,8 +17,15 @@ import math
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
-from mobius_lite.components.context import BuildContext
+from mobius_lite.components.common import (
+    FLOAT,
+    Dims,
+    as_float32,
+    cast_to,
+    contrib_op,
+    to_float32,
+)
+from mobius_lite.components.context import Backend, BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
 from mobius_lite.configs.layers import MambaSpec
@@ -23,8 +34,11 @@ from mobius_lite.configs.layers import MambaSpec
 class Conv1d(nn.Module):
     """Depthwise causal conv weights as stored: weight [conv_dim, 1, kernel], bias [conv_dim]."""
 
-    def __init__(self, channels: int, kernel: int, bias: bool, dtype: ir.DataType) -> None:
+    def __init__(
+        self, channels: int, kernel: int, bias: bool, dtype: ir.DataType, contrib: bool
+    ) -> None:
         super().__init__()
+        self.contrib = contrib
         self.weight = nn.Parameter([channels, 1, kernel], dtype=dtype)
         self.bias = nn.Parameter([channels], dtype=dtype) if bias else None
 
@@ -33,9 +47,18 @@ class Conv1d(nn.Module):
     ) -> tuple[ir.Value, ir.Value]:
         """x: [batch, channels, time] FP32 -> (silu(conv(x)), last kernel-1 inputs); all FP32."""
         bias = to_float32(op, self.bias) if self.bias is not None else None
-        return op.CausalConvWithState(
-            x, to_float32(op, self.weight), bias, past_state, activation="silu", _outputs=2
+        domain = contrib_op(op) if self.contrib else {}
+        out, state = op.CausalConvWithState(
+            x,
+            to_float32(op, self.weight),
+            bias,
+            past_state,
+            activation="silu",
+            _outputs=2,
+            **domain,
         )
+        as_float32(out, state)
+        return out, state
 
 
 class Mamba2Mixer(nn.Module):
@@ -44,8 +67,10 @@ class Mamba2Mixer(nn.Module):
         self.spec = spec
         self.dtype = dtype = ctx.dtype
         s = spec
+        # The ort backend takes the contrib twins of the conv and the SSD recurrence.
+        self.contrib = ctx.backend is Backend.ORT
         self.in_proj = Linear(hidden_size, s.in_proj_size, s.use_bias, ctx)
-        self.conv1d = Conv1d(s.conv_dim, s.conv_kernel, s.use_conv_bias, dtype)
+        self.conv1d = Conv1d(s.conv_dim, s.conv_kernel, s.use_conv_bias, dtype, self.contrib)
         self.dt_bias = nn.Parameter([s.num_heads], dtype=dtype)
         # transformers stores A_log; GGUF stores A = -exp(A_log), used as stored (no log/exp
         # round trip). The parameter keeps the source's meaning under its own name.
@@ -148,7 +173,9 @@ class Mamba2Mixer(nn.Module):
             kv_num_heads=heads,
             scale=1.0,
             _outputs=2,
+            **(contrib_op(op) if self.contrib else {}),
         )
+        as_float32(y, present_ssm)
         present_ssm = cast_to(op, present_ssm, past_ssm.dtype)
 
         # D skip connection, per head, in FP32.

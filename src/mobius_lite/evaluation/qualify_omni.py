@@ -32,12 +32,16 @@ PREFILL = "prefill"  # the media features are compared as part of the first step
 def _graph_validity(package_dir: Path, providers: list[str]) -> Verdict:
     import onnxruntime as ort
 
+    from mobius_lite.runtime import quiet_options
+
     manifest = json.loads((package_dir / MANIFEST_FILE).read_text())
     evidence: dict[str, Any] = {}
     for role, graph in manifest["graphs"].items():
         facts: dict[str, Any] = {"checker": check_graph(package_dir / graph["file"])}
         try:
-            session = ort.InferenceSession(str(package_dir / graph["file"]), providers=providers)
+            session = ort.InferenceSession(
+                str(package_dir / graph["file"]), quiet_options(), providers=providers
+            )
             facts["session"] = {"ok": True, "providers": session.get_providers()}
         except Exception as exc:  # onnxruntime raises several types
             facts["session"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript import GraphBuilder
 
@@ -19,6 +20,17 @@ from mobius_lite.formats.weight import WeightFormat
 from mobius_lite.graphs.builder import graph_value, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
+
+LOGITS_TO_KEEP = "logits_to_keep"
+
+
+def logits_to_keep_input() -> ir.Value:
+    """The optional int64 scalar input `logits_to_keep`: logits of the last that many positions
+    only. Its initializer is its default, 0 (every position), so a runtime that does not feed
+    it (onnxruntime-genai) gets the contract's [batch, sequence, vocab]."""
+    value = graph_value(LOGITS_TO_KEEP, ir.DataType.INT64, ())
+    value.const_value = ir.tensor(np.array(0, dtype=np.int64), name=LOGITS_TO_KEEP)
+    return value
 
 
 def build_decoder(
@@ -56,14 +68,16 @@ def build_decoder(
     mask = graph_value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
     cache = cache_tensors(config.layers, dtype)
     past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
+    keep = logits_to_keep_input()
 
-    graph = new_graph("nemotron_h_decoder", [tokens, mask, *past.values()])
+    graph = new_graph("nemotron_h_decoder", [tokens, mask, *past.values(), keep])
+    graph.register_initializer(keep)
     builder = GraphBuilder(graph)
-    logits, presents, layer_outputs = module(builder.op, tokens, mask, past)
+    logits, presents, layer_outputs = module(builder.op, tokens, mask, past, keep)
 
     logits.name = "logits"
     logits.type = ir.TensorType(ir.DataType.FLOAT)
-    logits.shape = ir.Shape([BATCH, "sequence", config.vocab_size])
+    logits.shape = ir.Shape([BATCH, "logits_sequence", config.vocab_size])
     outputs = [logits]
     for c in cache:
         value = presents[c.present_name]

@@ -110,10 +110,12 @@ class NemotronHForCausalLM(nn.Module):
         tokens: ir.Value,
         attention_mask: ir.Value,
         past: Mapping[str, ir.Value],
+        logits_to_keep: ir.Value | None = None,
     ) -> tuple[ir.Value, dict[str, ir.Value], list[ir.Value]]:
-        """tokens: input_ids or inputs_embeds; attention_mask: int64 [batch, past + seq].
+        """tokens: input_ids or inputs_embeds; attention_mask: int64 [batch, past + seq];
+        logits_to_keep: int64 scalar, logits of only the last that many positions (0: all).
 
-        Returns (logits FP32 [batch, seq, vocab], presents by name, per-layer hidden outputs).
+        Returns (logits FP32 [batch, kept, vocab], presents by name, per-layer hidden outputs).
         """
         shape = op.Shape(tokens)
         dims = Dims(batch=op.Slice(shape, [0], [1]), sequence=op.Slice(shape, [1], [2]))
@@ -126,9 +128,30 @@ class NemotronHForCausalLM(nn.Module):
         )
         step = StepInputs(dims=dims, token_mask=token_mask, key_mask=key_mask, past=past)
         hidden, presents, layer_outputs = self.backbone(op, tokens, step)
+        if logits_to_keep is not None:
+            hidden = _last_positions(op, hidden, dims, logits_to_keep, self.config.hidden_size)
         if self.lm_head is not None:
             logits = self.lm_head(op, hidden)
         else:
             logits = self.backbone.embeddings.logits(op, hidden)
-        logits = op.Reshape(to_float32(op, logits), dims.shape(op, self.config.vocab_size))
+        logits = op.Reshape(
+            to_float32(op, logits),
+            op.Concat(dims.batch, op.Constant(value_ints=[-1, self.config.vocab_size]), axis=0),
+        )
         return logits, presents, layer_outputs
+
+
+def _last_positions(
+    op: OpBuilder, hidden: ir.Value, dims: Dims, keep: ir.Value, width: int
+) -> ir.Value:
+    """The rows of the last `keep` positions of every sequence ([rows, width] in, batch-major);
+    all of them when keep is 0 (or not below the sequence length). A prompt's generation needs
+    one position's logits: the lm_head of the others is most of a prefill's vocab work."""
+    keep = op.Reshape(keep, op.Constant(value_ints=[1]))
+    zero = op.Constant(value_ints=[0])
+    start = op.Where(op.Greater(keep, zero), op.Max(op.Sub(dims.sequence, keep), zero), zero)
+    per_sequence = op.Reshape(hidden, dims.shape(op, width))
+    kept = op.Slice(
+        per_sequence, start, op.Constant(value_ints=[2**62]), op.Constant(value_ints=[1])
+    )
+    return op.Reshape(kept, op.Constant(value_ints=[-1, width]))
