@@ -106,6 +106,28 @@ def test_build_runs_and_matches_transformers(reference, tmp_path, capsys):
     assert result.passes(FP32_NRMSE, FP32_COSINE), result
 
 
+@pytest.mark.parametrize("flag", ["--backend", "--weights-backend"])
+def test_build_ort_backend_runs_the_mamba_kernels_of_onnxruntime(flag, reference, tmp_path, capsys):
+    """--backend ort (alias --weights-backend) emits the com.microsoft conv / SSD kernels and the
+    package still matches transformers."""
+    model, checkpoint = reference
+    out = tmp_path / "pkg"
+    code, _, err = run(
+        ["build", "--model", str(checkpoint), "--output", str(out), flag, "ort"], capsys
+    )
+    assert code == 0, err
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    kernels = [n for n in graph.node if n.op_type in ("LinearAttention", "CausalConvWithState")]
+    assert kernels and {n.domain for n in kernels} == {"com.microsoft"}
+    config = NemotronHConfig.from_file(checkpoint)
+    ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 9)).astype(np.int64)
+    ours = DecoderSession(out / "model.onnx", config).step(ids)["logits"]
+    with pinned_torch():
+        expected = model(torch.from_numpy(ids)).logits.float().numpy()
+    result = compare("logits", ours, expected)
+    assert result.passes(FP32_NRMSE, FP32_COSINE), result
+
+
 def test_build_shard_size_and_inspect_against_onnx(reference, tmp_path, capsys):
     _, checkpoint = reference
     out = tmp_path / "pkg"
