@@ -250,14 +250,19 @@ def test_ort_backend_matches_transformers(case: str, tmp_path: Path) -> None:
 MAMBA_KERNELS = ("CausalConvWithState", "LinearAttention")
 
 
-@pytest.mark.parametrize("path", ["scan", "loop"])
+@pytest.mark.parametrize(
+    ("path", "case"),
+    [("scan", "left_padded_batch"), ("scan", "all_kinds"), ("loop", "left_padded_batch")],
+)
 def test_every_expert_path_matches_transformers(
-    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: str, case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The experts pick a path at run time (gathered copies for few pairs, a Scan over all
     experts when copying would move more bytes, a Loop otherwise). At test widths only the
     gathered path and the Loop are chosen by themselves, so each other path is forced here
-    through the thresholds the graph bakes in, and must pass the same gates."""
+    through the thresholds the graph bakes in, and must pass the same gates. Inside the Scan
+    an expert with one row (every expert of a batch-1 decode step) takes the Gemm form and one
+    with several rows (prefill) the MatMul form: the batch-1 case runs both."""
     from mobius_lite.components import moe
 
     if path == "scan":
@@ -265,7 +270,7 @@ def test_every_expert_path_matches_transformers(
     else:
         monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 1 << 40)
         monkeypatch.setattr(moe, "GATHERED_PAIRS_LIMIT", 0)
-    spec = dict(CASES["left_padded_batch"])
+    spec = dict(CASES[case])
     run = run_parity(spec.pop("overrides"), tmp_path, **spec)
     failures = run.failures(FP32_NRMSE, FP32_COSINE)
     assert not failures, "\n".join(f"{c.name}: nrmse={c.nrmse:.3e}" for c in failures)
