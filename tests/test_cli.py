@@ -90,6 +90,17 @@ def test_missing_required_arguments_is_a_usage_error(capsys):
 
 
 # --------------------------------------------------------------------------- build
+def _assert_logits_match(model, checkpoint, package) -> None:
+    """The package's prefill logits against the reference model's, FP32 gates."""
+    config = NemotronHConfig.from_file(checkpoint)
+    ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 9)).astype(np.int64)
+    ours = DecoderSession(package / "model.onnx", config).step(ids)["logits"]
+    with pinned_torch():
+        expected = model(torch.from_numpy(ids)).logits.float().numpy()
+    result = compare("logits", ours, expected)
+    assert result.passes(FP32_NRMSE, FP32_COSINE), result
+
+
 def test_build_runs_and_matches_transformers(reference, tmp_path, capsys):
     model, checkpoint = reference
     out = tmp_path / "pkg"
@@ -97,13 +108,7 @@ def test_build_runs_and_matches_transformers(reference, tmp_path, capsys):
     assert code == 0, err
     assert f"source: {checkpoint.resolve()}" in stdout
     assert "revision: (local directory, no revision)" in stdout
-    config = NemotronHConfig.from_file(checkpoint)
-    ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 9)).astype(np.int64)
-    ours = DecoderSession(out / "model.onnx", config).step(ids)["logits"]
-    with pinned_torch():
-        expected = model(torch.from_numpy(ids)).logits.float().numpy()
-    result = compare("logits", ours, expected)
-    assert result.passes(FP32_NRMSE, FP32_COSINE), result
+    _assert_logits_match(model, checkpoint, out)
 
 
 @pytest.mark.parametrize("flag", ["--backend", "--weights-backend"])
@@ -119,13 +124,7 @@ def test_build_ort_backend_runs_the_mamba_kernels_of_onnxruntime(flag, reference
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
     kernels = [n for n in graph.node if n.op_type in ("LinearAttention", "CausalConvWithState")]
     assert kernels and {n.domain for n in kernels} == {"com.microsoft"}
-    config = NemotronHConfig.from_file(checkpoint)
-    ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 9)).astype(np.int64)
-    ours = DecoderSession(out / "model.onnx", config).step(ids)["logits"]
-    with pinned_torch():
-        expected = model(torch.from_numpy(ids)).logits.float().numpy()
-    result = compare("logits", ours, expected)
-    assert result.passes(FP32_NRMSE, FP32_COSINE), result
+    _assert_logits_match(model, checkpoint, out)
 
 
 def test_build_shard_size_and_inspect_against_onnx(reference, tmp_path, capsys):

@@ -145,8 +145,9 @@ def _last_positions(
     op: OpBuilder, hidden: ir.Value, dims: Dims, keep: ir.Value, width: int
 ) -> ir.Value:
     """The rows of the last `keep` positions of every sequence ([rows, width] in, batch-major);
-    all of them when keep is 0 (or not below the sequence length). A prompt's generation needs
-    one position's logits: the lm_head of the others is most of a prefill's vocab work."""
+    all of them when keep is 0 or less, or not below the sequence length. Generation needs one
+    position's logits; the lm_head over the others was a quarter of a 128-token prefill of the
+    benchmark model (docs/performance.md)."""
     keep = op.Reshape(keep, op.Constant(value_ints=[1]))
     zero = op.Constant(value_ints=[0])
     start = op.Where(op.Greater(keep, zero), op.Max(op.Sub(dims.sequence, keep), zero), zero)
