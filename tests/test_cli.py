@@ -165,6 +165,11 @@ def test_build_shard_size_and_inspect_against_onnx(reference, tmp_path, capsys):
         "dtype": "int64",
         "shape": ["batch", "sequence"],
     }
+    # the one input with an initializer is optional; its default is what the graph holds
+    (keep,) = [t for t in full.graph.initializer if t.name == "logits_to_keep"]
+    optional = {name: v["default"] for name, v in inputs.items() if "default" in v}
+    assert optional == {"logits_to_keep": onnx.numpy_helper.to_array(keep).tolist()}
+    assert optional["logits_to_keep"] == 0
     assert [v["name"] for v in m["outputs"]] == [o.name for o in full.graph.output]
     assert report["genai_config.json"]["providers"] == ["cpu"]
 

@@ -65,6 +65,15 @@ def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
     return {"name": v.name, "dtype": _dtype_name(t.elem_type), "shape": shape}
 
 
+def _input_info(v: onnx.ValueInfoProto, graph: onnx.GraphProto) -> dict[str, Any]:
+    """A graph input; one that also has a small initializer is optional, with that default."""
+    info = _value_info(v)
+    for t in graph.initializer:
+        if t.name == v.name and not t.external_data:
+            info["default"] = onnx.numpy_helper.to_array(t).tolist()
+    return info
+
+
 def _dtype_name(elem_type: int) -> str:
     """numpy-style element type names (float32, bfloat16, int64, ...)."""
     try:
@@ -180,7 +189,7 @@ def inspect_model(path: Path) -> dict[str, Any]:
         "opsets": {(o.domain or "ai.onnx"): o.version for o in model.opset_import},
         "graph": graph.name,
         "subgraphs": [{"path": label, "nodes": len(g.node)} for label, g in subgraphs],
-        "inputs": [_value_info(v) for v in graph.input],
+        "inputs": [_input_info(v, graph) for v in graph.input],
         "outputs": [_value_info(v) for v in graph.output],
         "nodes": {
             "main": dict(sorted(Counter(n.op_type for n in graph.node).items())),
@@ -274,7 +283,11 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"    {s['path']}: {s['nodes']} nodes")
         for kind in ("inputs", "outputs"):
             lines.append(f"  {kind} ({len(m[kind])}):")
-            lines += [f"    {v['name']}: {v['dtype']} {_shape(v['shape'])}" for v in m[kind]]
+            lines += [
+                f"    {v['name']}: {v['dtype']} {_shape(v['shape'])}"
+                + (f" (optional, default {v['default']})" if "default" in v else "")
+                for v in m[kind]
+            ]
         nodes = m["nodes"]
         lines.append(f"  nodes in the main graph: {nodes['main_total']}")
         lines += [f"    {op}: {n}" for op, n in nodes["main"].items()]
