@@ -188,10 +188,11 @@ class OmniSession:
     def generate(
         self, input_ids: np.ndarray, media: Media | None = None, max_new_tokens: int = 16
     ) -> tuple[list[int], list[dict[str, np.ndarray]]]:
-        """Greedy tokens after the prompt, and every decoder call's outputs (prefill first)."""
+        """Greedy tokens after the prompt, and every decoder call's outputs (prefill first; its
+        logits for the last position only, all greedy needs)."""
         prepared = self.prepare(input_ids, media)
         self.decoder.reset(1)
-        outputs = [self.decoder.step(prepared.inputs_embeds)]
+        outputs = [self.decoder.step(prepared.inputs_embeds, logits_to_keep=1)]
         tokens: list[int] = []
         eos = self.config.text.eos_token_id
         stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
