@@ -8,9 +8,6 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 FLOAT = ir.DataType.FLOAT
-# onnxruntime's contrib operator domain, and the version of it this library emits.
-CONTRIB_DOMAIN = "com.microsoft"
-CONTRIB_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -49,18 +46,3 @@ def relu_squared(op: OpBuilder, value: ir.Value) -> ir.Value:
     """Nemotron-H's relu2 activation: relu(x) ** 2."""
     r = op.Relu(value)
     return op.Mul(r, r)
-
-
-def contrib_op(op: OpBuilder) -> dict[str, str]:
-    """Keyword arguments that make an op builder call emit onnxruntime's com.microsoft twin
-    of a standard operator; declares the domain on the model (idempotent). ONNX inference
-    knows no contrib schema: the caller types the outputs (`as_float32`)."""
-    op.builder.root.graph.opset_imports.setdefault(CONTRIB_DOMAIN, CONTRIB_VERSION)
-    # No _version: onnxscript would take it as the opset of later default-domain ops too.
-    return {"_domain": CONTRIB_DOMAIN}
-
-
-def as_float32(*values: ir.Value) -> None:
-    """Declare FP32 outputs of an op that ONNX type inference cannot see through."""
-    for value in values:
-        value.type = ir.TensorType(FLOAT)

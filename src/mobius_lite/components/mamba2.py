@@ -17,18 +17,12 @@ import math
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.components.common import (
-    FLOAT,
-    Dims,
-    as_float32,
-    cast_to,
-    contrib_op,
-    to_float32,
-)
+from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
 from mobius_lite.components.context import Backend, BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
 from mobius_lite.configs.layers import MambaSpec
+from mobius_lite.formats.contrib import contrib_op, typed
 
 
 class Conv1d(nn.Module):
@@ -57,8 +51,7 @@ class Conv1d(nn.Module):
             _outputs=2,
             **domain,
         )
-        as_float32(out, state)
-        return out, state
+        return typed(out, FLOAT), typed(state, FLOAT)
 
 
 class Mamba2Mixer(nn.Module):
@@ -175,7 +168,7 @@ class Mamba2Mixer(nn.Module):
             _outputs=2,
             **(contrib_op(op) if self.contrib else {}),
         )
-        as_float32(y, present_ssm)
+        y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
         present_ssm = cast_to(op, present_ssm, past_ssm.dtype)
 
         # D skip connection, per head, in FP32.

@@ -62,10 +62,16 @@ class DenseWeight:
         params: dict[str, ir.Value],
         bias: ir.Value | None = None,
     ) -> ir.Value:
-        # Gemm(transB=1) reads W in its stored [out, in] layout.
-        if bias is not None:
-            return op.Gemm(x, params[""], bias, transB=1)
-        return op.Gemm(x, params[""], transB=1)
+        return gemm_transposed(op, x, params[""], bias)
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         return op.Gather(params[""], indices, axis=0)
+
+
+def gemm_transposed(
+    op: OpBuilder, x: ir.Value, weight: ir.Value, bias: ir.Value | None = None
+) -> ir.Value:
+    """x @ weight^T (+ bias): Gemm(transB=1) reads the weight in its stored [out, in] layout."""
+    if bias is not None:
+        return op.Gemm(x, weight, bias, transB=1)
+    return op.Gemm(x, weight, transB=1)

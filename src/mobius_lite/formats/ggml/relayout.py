@@ -20,11 +20,9 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import OpBuilder
 
+from mobius_lite.formats.contrib import contrib_op
 from mobius_lite.formats.ggml.blocks import as_blocks
 from mobius_lite.formats.ggml.types import GGML_TYPES
-
-MS_DOMAIN = "com.microsoft"
-MS_OPSET = 1
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,6 @@ def emit_matmulnbits(
                 f"scales {scales.dtype} cannot be widened exactly to activations {x.dtype}"
             )
         scales = op.Cast(scales, to=x.dtype)
-    op.builder.root.graph.opset_imports.setdefault(MS_DOMAIN, MS_OPSET)
     inputs: list[ir.Value | None] = [x, b, scales, zero_points, None, bias]
     while inputs[-1] is None:
         inputs.pop()
@@ -175,6 +172,5 @@ def emit_matmulnbits(
         bits=bits,
         block_size=block_size,
         accuracy_level=accuracy_level,
-        _domain=MS_DOMAIN,
-        _version=MS_OPSET,
+        **contrib_op(op),
     )

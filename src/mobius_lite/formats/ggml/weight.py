@@ -23,15 +23,11 @@ from typing import Any
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.formats.ggml.relayout import (
-    BLOCK_SIZE,
-    MS_DOMAIN,
-    MS_OPSET,
-    RELAYOUT_TYPES,
-    emit_matmulnbits,
-)
+from mobius_lite.formats.contrib import contrib_op, is_ort, typed
+from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, emit_matmulnbits
 from mobius_lite.formats.ggml.storage import codec_of
 from mobius_lite.formats.ggml.types import GGMLType
+from mobius_lite.formats.weight import gemm_transposed
 
 # MatMulNBits parameters beside (instead of) the slot's own: "<slot>_nbits_b", "_nbits_scales".
 NBITS_B = "_nbits_b"
@@ -58,14 +54,6 @@ DECODE, MATMULNBITS, GATHER_PACKED, MATMUL_PACKED_ROUTE = (
 FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
-def _ort(backend: Any) -> bool:
-    return str(getattr(backend, "value", backend)) == "ort"
-
-
-def _ms(op: OpBuilder) -> None:
-    op.builder.root.graph.opset_imports.setdefault(MS_DOMAIN, MS_OPSET)
-
-
 @dataclass(frozen=True)
 class GGMLWeight:
     """A weight of logical shape [..., out, in] kept as ggml blocks; `matmul_route` and
@@ -84,7 +72,7 @@ class GGMLWeight:
         """The routes for one slot: onnxruntime's ops where they fit, else standard decode."""
         codec_of(ggml.name)  # RouteError now for a type without a decoder
         matmul, select = DECODE, DECODE
-        if _ort(backend) and len(shape) == 2:
+        if is_ort(backend) and len(shape) == 2:
             if ggml.name in RELAYOUT_TYPES and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
                 matmul = MATMULNBITS
             elif ggml.name in MATMUL_PACKED and dtype == ir.DataType.BFLOAT16:
@@ -135,38 +123,32 @@ class GGMLWeight:
                 x.dtype = self.dtype
             nbits = params[NBITS_B], params[NBITS_SCALES]
             y = emit_matmulnbits(op, x, *nbits, None, k, n, bits, BLOCK_SIZE, bias=bias)
-            return _typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
+            return typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
         if self.matmul_route == MATMUL_PACKED_ROUTE:
-            _ms(op)
             y = op.MatMulPacked(
                 x,
                 params[""],
                 packed_type=self.type.type_id,
                 N=n,
                 K=k,
-                _domain=MS_DOMAIN,
-                _version=MS_OPSET,
+                **contrib_op(op),
             )
-            y = _typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
+            y = typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
             return y if bias is None else op.Add(y, bias)
         weight = self.decode(op, runtime_view(op, params[""], x))
-        if bias is not None:
-            return op.Gemm(x, weight, bias, transB=1)
-        return op.Gemm(x, weight, transB=1)
+        return gemm_transposed(op, x, weight, bias)
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         if self.select_route == GATHER_PACKED:
-            _ms(op)
             rows = op.GatherPacked(
                 params[""],
                 indices,
                 packed_type=self.type.type_id,
                 K=self.row_elements,
                 output_dtype=int(self.dtype),
-                _domain=MS_DOMAIN,
-                _version=MS_OPSET,
+                **contrib_op(op),
             )
-            return _typed(rows, self.dtype, _with(_dims(indices), self.row_elements))
+            return typed(rows, self.dtype, _with(_dims(indices), self.row_elements))
         if self.matmul_route == MATMULNBITS:
             return self._select_nbits(op, params, indices)
         return self.decode(op, op.Gather(params[""], indices, axis=0))
@@ -195,16 +177,6 @@ class GGMLWeight:
             values, op.Concat(lead, op.Constant(value_ints=[self.row_elements]), axis=0)
         )
         return self._to_activation(op, rows)
-
-
-def _typed(value: ir.Value, dtype: ir.DataType, shape: list[Any] | None = None) -> ir.Value:
-    """Give a contrib op's output its element type and shape (the builder infers standard
-    ops only; later casts read the type)."""
-    if value.dtype is None:
-        value.dtype = dtype
-    if value.shape is None and shape is not None:
-        value.shape = ir.Shape(shape)
-    return value
 
 
 def _dims(value: ir.Value, drop_last: bool = False) -> list[Any] | None:
@@ -252,7 +224,6 @@ def emit_moe_packed(
         )
     if x.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
         raise TypeError(f"MoEPacked runs f16 / bf16 activations, got {x.dtype}")
-    _ms(op)
     out = op.MoEPacked(
         x,
         scores,
@@ -266,7 +237,6 @@ def emit_moe_packed(
         down_type=down_type.type_id,
         normalize_routing_weights=int(normalize),
         routed_scaling_factor=routed_scaling_factor,
-        _domain=MS_DOMAIN,
-        _version=MS_OPSET,
+        **contrib_op(op),
     )
-    return _typed(out, x.dtype, _dims(x))
+    return typed(out, x.dtype, _dims(x))

@@ -13,6 +13,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.formats.contrib import contrib_op
 
 FLOAT = ir.DataType.FLOAT
 E4M3_NAN_BITS = (0x7F, 0xFF)
@@ -115,7 +116,7 @@ def gather_widened(op: OpBuilder, data: ir.Value, indices: ir.Value) -> ir.Value
         block_size=0,
         quantize_axis=rank - 1,
         gather_axis=0,
-        _domain="com.microsoft",
+        **contrib_op(op),
     )
     rows.type = ir.TensorType(FLOAT)
     if indices.shape is not None:
@@ -144,7 +145,7 @@ def emit_matmul_ort(
         op.Concat(op.Shape(weight, start=0, end=1), op.Constant(value_ints=[blocks]), axis=0),
     )
     inputs = [x, weight, b_scale] + ([input_scale] if input_scale is not None else [])
-    y = op.MatMulBlockQuantizedFp8Weight(*inputs, block_size=ORT_FP8_BLOCK, _domain="com.microsoft")
+    y = op.MatMulBlockQuantizedFp8Weight(*inputs, block_size=ORT_FP8_BLOCK, **contrib_op(op))
     return type_matmul_output(y, x, weight)
 
 

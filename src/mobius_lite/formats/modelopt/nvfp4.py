@@ -17,6 +17,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.formats.contrib import contrib_op
 from mobius_lite.formats.modelopt.fp8 import (
     E4M3_VALUES,
     e4m3_to_float32,
@@ -26,7 +27,6 @@ from mobius_lite.formats.modelopt.fp8 import (
 
 FLOAT = ir.DataType.FLOAT
 GROUP_SIZE = 16
-MS = "com.microsoft"
 
 
 def _e2m1_table() -> np.ndarray:
@@ -253,5 +253,5 @@ def emit_matmul_ort(
     inputs = [x, weight, weight_scale, weight_scale_2]
     if input_scale is not None:
         inputs.append(input_scale)
-    y = op.MatMulBlockQuantizedFp4Weight(*inputs, block_size=GROUP_SIZE, _domain=MS)
+    y = op.MatMulBlockQuantizedFp4Weight(*inputs, block_size=GROUP_SIZE, **contrib_op(op))
     return type_matmul_output(y, x, weight)

@@ -20,8 +20,9 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.errors import RouteError
+from mobius_lite.formats.contrib import is_ort
 from mobius_lite.formats.dense import DenseStorage, Verbatim
-from mobius_lite.formats.modelopt.weight import FP8Weight, NVFP4Weight, is_ort
+from mobius_lite.formats.modelopt.weight import FP8Weight, NVFP4Weight
 from mobius_lite.formats.storage import Conversion, Storage
 
 U8 = np.dtype(np.uint8)

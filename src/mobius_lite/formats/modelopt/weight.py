@@ -16,7 +16,7 @@ standard ops, after gathering only the selected experts' packed bytes and scales
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
@@ -24,21 +24,10 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.modelopt import fp8, nvfp4
+from mobius_lite.formats.weight import gemm_transposed
 
 FLOAT = ir.DataType.FLOAT
 SIXTEEN_BIT = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
-MS_DOMAIN = "com.microsoft"
-
-
-def is_ort(backend: Any) -> bool:
-    """Whether `backend` (components.context.Backend, or its value) is onnxruntime's own ops."""
-    return str(getattr(backend, "value", backend)).lower() == "ort"
-
-
-def _uses_contrib_ops(op: OpBuilder) -> None:
-    """Declare onnxruntime's com.microsoft domain on the model (GatherBlockQuantized, the CUDA
-    matmul kernels); idempotent."""
-    op.builder.root.graph.opset_imports.setdefault(MS_DOMAIN, 1)
 
 
 def _check_kernel_dtype(dtype: ir.DataType, kernel: str) -> None:
@@ -55,7 +44,7 @@ def _gemm(
 ) -> ir.Value:
     """x @ w^T (+ bias) with float32 accumulation; w is FLOAT [N, K], the result in `dtype`."""
     if dtype == FLOAT:
-        return op.Gemm(x, w, bias, transB=1) if bias is not None else op.Gemm(x, w, transB=1)
+        return gemm_transposed(op, x, w, bias)
     inputs = [op.Cast(x, to=FLOAT), w]
     if bias is not None:
         inputs.append(op.Cast(bias, to=FLOAT))
@@ -114,7 +103,6 @@ class _ModelOptWeight:
         if self.stacked:
             raise ValueError(f"stacked {self.KIND} weights compute through select(), not matmul()")
         if self.kernel:
-            _uses_contrib_ops(op)
             y = self._kernel_matmul(op, x, params)
             return op.Add(y, bias) if bias is not None else y
         return _gemm(op, x, self._dense(op, params), bias, self.dtype)
@@ -160,7 +148,6 @@ class NVFP4Weight(_ModelOptWeight):
         return nvfp4.emit_dense_at_run_time(op, params[""], params["_scale"], scale_2)
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
-        _uses_contrib_ops(op)  # E4M3 block-scale rows are gathered with GatherBlockQuantized
         rows = nvfp4.emit_rows(
             op,
             params[""],
@@ -204,7 +191,6 @@ class FP8Weight(_ModelOptWeight):
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         scale = _plain_scale(op, params["_scale"], self.scale_shape, self.stacked)
-        _uses_contrib_ops(op)  # E4M3 rows are gathered with GatherBlockQuantized
         if self.stacked:
             rows = fp8.emit_rows(op, params[""], scale, indices)
         else:  # rows of one table (e.g. an embedding): one scale for all
