@@ -228,6 +228,7 @@ ORT_BACKEND_CASES = [
     "prompt_spans_chunks",
     "left_padded_batch_of_3",
 ]
+MAMBA_KERNELS = ("CausalConvWithState", "LinearAttention")
 
 
 @pytest.mark.parametrize("case", ORT_BACKEND_CASES)
@@ -245,9 +246,6 @@ def test_ort_backend_matches_transformers(case: str, tmp_path: Path) -> None:
     graph = onnx.load(tmp_path / "package" / "model.onnx", load_external_data=False).graph
     domains = {n.domain for n in graph.node if n.op_type in MAMBA_KERNELS}
     assert domains == {"com.microsoft"}
-
-
-MAMBA_KERNELS = ("CausalConvWithState", "LinearAttention")
 
 
 @pytest.mark.parametrize(
