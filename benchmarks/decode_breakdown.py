@@ -6,6 +6,9 @@ Variants (docs/performance.md, "Where a decode step goes"):
   ort               the package built with --backend ort (the fast CPU route)
   ort-no-experts    ort with each MoE layer's routed experts replaced by zeros
   ort-no-mamba      ort-no-experts with the Mamba conv and SSD kernels replaced by identities
+  ort-moe-kernel    ort with each MoE layer's routed experts run by onnxruntime's com.microsoft
+                    MoE CPU kernel on the same stacked weights and routing, with ReLU in place
+                    of ReLU^2 (the CPU kernel has no relu2): what a ReLU^2 kernel would cost
   gemm-twin         one graph holding only the matrices a decode step reads (every constant
                     Gemm weight of the package, plus top-k slices of each stacked expert
                     tensor), random values, each as Gemm(x, W, transB=1)
@@ -39,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
 
-PACKAGES = ("standard", "ort", "ort-no-experts", "ort-no-mamba")
+PACKAGES = ("standard", "ort", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
 TWINS = ("gemm-twin", "matmul-twin")
 LLAMA_CPP = "llama.cpp"
 MAMBA_KERNELS = ("LinearAttention", "CausalConvWithState")
@@ -75,6 +78,59 @@ def without_experts(package: Path, out: Path) -> Path:
             assert layer is not None
             node = helper.make_node("Mul", [norm_out[layer[1]], "zero"], [node.output[0]])
         nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return _copy_with(package, out, model)
+
+
+def with_relu_moe_kernel(package: Path, out: Path) -> Path:
+    """Each routed-experts If replaced by com.microsoft MoE (activation relu) on the layer's
+    stacked up/down initializers. Its router_probs hold log(weight) at the selected experts
+    and -inf elsewhere, so the kernel's softmax over them returns the graph's own
+    (normalized) routing weights for the same experts."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"))
+    k = json.loads((package / "config.json").read_text())["num_experts_per_tok"]
+    seen: dict[str, dict[str, str]] = {}
+    nodes = []
+    for node in model.graph.node:
+        layer = re.search(r"layers\.(\d+)/", node.name)
+        found = seen.setdefault(layer[1], {}) if layer else {}
+        if "/norm/RMSNormalization" in node.name:
+            found["x"] = node.output[0]
+        elif "/mixer/gate/Sigmoid" in node.name:
+            found["scores"] = node.output[0]
+        elif "/mixer/experts/Reshape" in node.name:
+            found["weights" if "indices" in found else "indices"] = node.input[0]
+        if not (node.op_type == "If" and "/mixer/experts/If" in node.name):
+            nodes.append(node)
+            continue
+        assert layer is not None
+        scope, f = f"moe_kernel_{layer[1]}", found
+        weights = f"backbone.layers.{layer[1]}.mixer.experts"
+        nodes += [
+            helper.make_node("Shape", [f["scores"]], [f"{scope}/shape"]),
+            helper.make_node("Expand", ["ninf", f"{scope}/shape"], [f"{scope}/ninf"]),
+            helper.make_node("Log", [f["weights"]], [f"{scope}/log_weights"]),
+            helper.make_node(
+                "ScatterElements",
+                [f"{scope}/ninf", f["indices"], f"{scope}/log_weights"],
+                [f"{scope}/probs"],
+                axis=1,
+            ),
+            helper.make_node(
+                "MoE",
+                [f["x"], f"{scope}/probs", f"{weights}.up_proj", "", f"{weights}.down_proj"],
+                [node.output[0]],
+                domain="com.microsoft",
+                k=k,
+                activation_type="relu",
+                normalize_routing_weights=0,
+            ),
+        ]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     return _copy_with(package, out, model)
@@ -203,7 +259,10 @@ def variants(work: Path) -> dict[str, Path]:
         without_experts(out["ort"], edits / "ort-no-experts")
     if not (edits / "ort-no-mamba" / "model.onnx").is_file():
         without_mamba_kernels(edits / "ort-no-experts", edits / "ort-no-mamba")
-    out["ort-no-experts"], out["ort-no-mamba"] = edits / "ort-no-experts", edits / "ort-no-mamba"
+    if not (edits / "ort-moe-kernel" / "model.onnx").is_file():
+        with_relu_moe_kernel(out["ort"], edits / "ort-moe-kernel")
+    for name in ("ort-no-experts", "ort-no-mamba", "ort-moe-kernel"):
+        out[name] = edits / name
     shapes = step_matrices(out["ort"])
     for twin in TWINS:
         if not (edits / twin / "model.onnx").is_file():
