@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.formats.contrib import CONTRIB_DOMAIN, CONTRIB_OPSET
+
 # One variant: what it computes on, with which kernel settings.
 MATVEC = {
     "f32-gemm": ("F32", None),
@@ -50,7 +52,6 @@ EXPERTS = {
     "q4_0-qmoe-relu-acc4": ("Q4_0", 4),
     "q8_0-qmoe-relu": ("Q8_0", 0),
 }
-CONTRIB = "com.microsoft"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,11 @@ def _session(
 
     graph = helper.make_graph(nodes, "kernel", inputs, outputs, inits)
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(CONTRIB, 1)]
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 21),
+            helper.make_opsetid(CONTRIB_DOMAIN, CONTRIB_OPSET),
+        ],
     )
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -130,7 +135,7 @@ def _matvec_weight(name: str, copy: int, weight: np.ndarray, shapes: Shapes) -> 
     b = numpy_helper.from_array(packed.b, f"b{copy}")
     scales = numpy_helper.from_array(packed.scales.astype(np.float32), f"scales{copy}")
     node = helper.make_node(
-        "MatMulNBits", [x, b.name, scales.name], [y], domain=CONTRIB, K=shapes.k, N=shapes.n,
+        "MatMulNBits", [x, b.name, scales.name], [y], domain=CONTRIB_DOMAIN, K=shapes.k, N=shapes.n,
         bits=packed.bits, block_size=packed.block_size, accuracy_level=accuracy,
     )  # fmt: skip
     return node, [b, scales], values, packed.b.nbytes + packed.scales.nbytes
@@ -178,8 +183,9 @@ def _experts_layer(name: str, layer: int, shapes: Shapes, rng: np.random.Generat
     x, y, names = "x", f"y{layer}", (f"up{layer}", f"down{layer}")
     if accuracy is None:
         inits = [numpy_helper.from_array(up, names[0]), numpy_helper.from_array(down, names[1])]
-        node = helper.make_node("MoE", [x, "probs", names[0], "", names[1]], [y], domain=CONTRIB,
-                                **attributes)  # fmt: skip
+        node = helper.make_node(
+            "MoE", [x, "probs", names[0], "", names[1]], [y], domain=CONTRIB_DOMAIN, **attributes
+        )
         return node, inits, up, down, up.nbytes + down.nbytes
     inits, values, bits, nbytes = [], [], 0, 0
     for label, stacked in zip(names, (up, down), strict=True):
@@ -193,7 +199,7 @@ def _experts_layer(name: str, layer: int, shapes: Shapes, rng: np.random.Generat
         nbytes += b.nbytes + scales.nbytes
     node = helper.make_node(
         "QMoE", [x, "probs", names[0], f"{names[0]}_s", "", names[1], f"{names[1]}_s", ""], [y],
-        domain=CONTRIB, expert_weight_bits=bits, block_size=32, accuracy_level=accuracy,
+        domain=CONTRIB_DOMAIN, expert_weight_bits=bits, block_size=32, accuracy_level=accuracy,
         weights_prepacked=0, **attributes,
     )  # fmt: skip
     return node, inits, values[0], values[1], nbytes
@@ -270,8 +276,9 @@ def relu2_refusals(threads: int) -> dict[str, str]:
     for op, (inputs, extra, (up, down)) in cases.items():
         inits = [numpy_helper.from_array(up, "up"), numpy_helper.from_array(down, "down"),
                  numpy_helper.from_array(np.ones((e, i), np.float32), "s")]  # fmt: skip
-        node = helper.make_node(op, inputs, ["y"], domain=CONTRIB, k=1, activation_type="relu2",
-                                **extra)  # fmt: skip
+        node = helper.make_node(
+            op, inputs, ["y"], domain=CONTRIB_DOMAIN, k=1, activation_type="relu2", **extra
+        )
         try:
             _session([node], *io, inits, threads, log_level=4)  # the refusal is the result
             said[op] = "accepted"

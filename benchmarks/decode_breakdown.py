@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.formats.contrib import CONTRIB_DOMAIN
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
@@ -125,7 +127,7 @@ def with_relu_moe_kernel(package: Path, out: Path) -> Path:
                 "MoE",
                 [f["x"], f"{scope}/probs", f"{weights}.up_proj", "", f"{weights}.down_proj"],
                 [node.output[0]],
-                domain="com.microsoft",
+                domain=CONTRIB_DOMAIN,
                 k=k,
                 activation_type="relu",
                 normalize_routing_weights=0,
