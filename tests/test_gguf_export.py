@@ -35,6 +35,7 @@ from gguf_fixtures import (
 )
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.formats.ggml.relayout import MatMulNBitsWeights, from_matmulnbits
 from mobius_lite.formats.ggml.storage import CODECS
 from mobius_lite.formats.ggml.types import GGML_TYPES
@@ -47,8 +48,6 @@ from mobius_lite.weights.verify import verify_package
 from nemotron_reference import make_reference
 from parity import drive_parity
 
-# foundation gates (f32 activations), fixed up front
-NRMSE, COSINE = 1e-4, 0.99999
 DENSE_TYPES = ("F32", "F16", "BF16")
 ALL_TYPES = set(GGML_TYPES)
 
@@ -164,7 +163,7 @@ def test_export_matches_transformers(written: dict[str, Any], key: str, backend:
     config = NemotronHConfig.from_file(package)
     run = drive_parity(_reference(entry), config, package, prompt_length=9, decode_steps=5)
     assert len(run.comparisons) > 6
-    failures = run.failures(NRMSE, COSINE)
+    failures = run.failures(FP32_NRMSE, FP32_COSINE)
     assert not failures, [str(c) for c in failures[:8]]
     assert run.exported_tokens == run.reference_tokens
 
@@ -315,7 +314,7 @@ def test_dequantize_gives_a_dense_package(written: dict[str, Any], tmp_path: Pat
     assert report.ok, report.mismatches
     config = NemotronHConfig.from_file(package)
     run = drive_parity(_reference(entry), config, package, prompt_length=9, decode_steps=5)
-    assert not run.failures(NRMSE, COSINE)
+    assert not run.failures(FP32_NRMSE, FP32_COSINE)
     assert run.exported_tokens == run.reference_tokens
 
 
