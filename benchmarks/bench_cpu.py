@@ -31,6 +31,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_common import session_options  # noqa: E402
 from profile_decoder import PATTERNS, export, make_checkpoint  # noqa: E402
 
 SIDES = ("package", "genai", "llama_cpp", "transformers")
@@ -71,15 +72,12 @@ def package_dir(work: Path, backend: str) -> Path:
 def run_package(
     work: Path, threads: int, prompt: list[int], decode: int, backend: str
 ) -> dict[str, Any]:
-    import onnxruntime as ort
 
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     package = package_dir(work, backend)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options = session_options(threads)
     start = time.perf_counter()
     session = DecoderSession(
         package / "model.onnx", NemotronHConfig.from_file(package), session_options=options

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
+from bench_common import session_options  # noqa: E402
 from bench_mid import MID  # noqa: E402
 
 PATTERN = "ME*MEME*ME"
@@ -141,13 +142,11 @@ def peak_rss_mib() -> float:
 
 def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repeats: int) -> dict:
     """Run in a fresh process (--child): session creation, prefill, decode; peak RSS."""
-    import onnxruntime as ort
 
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options = session_options(threads)
     before = rss_mib()
     start = time.perf_counter()
     session = DecoderSession(

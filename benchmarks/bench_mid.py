@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_common import session_options
 
 MID = dict(
     vocab_size=32000,
@@ -105,7 +106,6 @@ def bench_onnxruntime(
     package: Path, prompt: np.ndarray, decode_tokens: int, threads: int, repeats: int
 ) -> dict:
     import onnx
-    import onnxruntime as ort
 
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
@@ -119,9 +119,7 @@ def bench_onnxruntime(
         if a.type == onnx.AttributeProto.GRAPH
     )
     config = NemotronHConfig.from_file(package)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options = session_options(threads)
     start = time.perf_counter()
     session = DecoderSession(package / "model.onnx", config, session_options=options)
     created = time.perf_counter() - start

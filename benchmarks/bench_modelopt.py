@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_common import session_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -93,15 +94,12 @@ def timed_export(checkpoint: Path, output: Path) -> dict:
 
 
 def bench_decode(package: Path, threads: int, decode_tokens: int) -> dict:
-    import onnxruntime as ort
 
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     config = NemotronHConfig.from_file(package)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options = session_options(threads)
     start = time.perf_counter()
     session = DecoderSession(package / "model.onnx", config, session_options=options)
     created = time.perf_counter() - start

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_common import session_options
 
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN, CONTRIB_OPSET
 
@@ -91,9 +92,7 @@ def _session(
             helper.make_opsetid(CONTRIB_DOMAIN, CONTRIB_OPSET),
         ],
     )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options = session_options(threads)
     options.log_severity_level = log_level
     return ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
@@ -316,9 +315,7 @@ def main() -> None:
         return
 
     names = [*MATVEC, *EXPERTS]
-    forwarded = [a for a in sys.argv[1:] if not a.startswith("--json")]
-    if args.json:
-        forwarded = [a for a in forwarded if a != str(args.json)]
+    forwarded = sys.argv[1:]  # a child returns before --json is read
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         record = {}

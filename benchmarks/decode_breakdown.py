@@ -42,6 +42,7 @@ from mobius_lite.formats.contrib import CONTRIB_DOMAIN
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bench_common import session_options  # noqa: E402
 from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
 
 PACKAGES = ("standard", "ort", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
@@ -201,21 +202,12 @@ def matrices_twin(shapes: list[tuple[int, int]], form: str, out: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- child runs
-def _options(threads: int) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return options
-
-
 def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode: int) -> dict:
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     config = NemotronHConfig.from_file(config_dir)
-    session = DecoderSession(path / "model.onnx", config, session_options=_options(threads))
+    session = DecoderSession(path / "model.onnx", config, session_options=session_options(threads))
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, prompt))
     prefill = {}
     for keep in (0, 1, 0, 1):
@@ -241,7 +233,7 @@ def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode:
 def run_twin(path: Path, threads: int, decode: int) -> dict:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path / "model.onnx"), _options(threads))
+    session = ort.InferenceSession(str(path / "model.onnx"), session_options(threads))
     feeds = {i.name: np.ones((1, i.shape[1]), np.float32) for i in session.get_inputs()}
     session.run(None, feeds)
     wall = []

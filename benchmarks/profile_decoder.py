@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402
 from bench_mid import MID  # noqa: E402
 
 KIND = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
@@ -97,10 +98,8 @@ def session_options(threads: int, profile_prefix: str | None = None, level: str 
     level, intra-op spinning as --allow-spinning says, the profiler when a prefix is given."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = bench_common.session_options(threads)
     options.add_session_config_entry("session.intra_op.allow_spinning", SPINNING["value"])
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
     options.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
