@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.components.context import Backend
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.configs.loader import load_text_config
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
-from mobius_lite.enums import Precision
+from mobius_lite.enums import Backend, Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.package import GraphRecord, ModelPackage
 from mobius_lite.routes import check_route, check_weight_format, parse_backend

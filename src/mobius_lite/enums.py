@@ -1,4 +1,5 @@
-"""The one vocabulary of layer kinds, state roles and dtypes, shared across the package."""
+"""The one vocabulary of layer kinds, state roles, graphs, dtypes and backends, shared across the
+package."""
 
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ class GraphRole(str, enum.Enum):
         """The graph's file in the package: the one place these names are written."""
         # The decoder keeps onnxruntime-genai's default name.
         return "model.onnx" if self is GraphRole.DECODER else f"{self.value}.onnx"
+
+
+class Backend(str, enum.Enum):
+    """Which operators the graphs may emit: packed formats' kernels, and the Mamba mixer's."""
+
+    STANDARD = "standard"  # standard ONNX ops only: runs on any execution provider
+    # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
+    # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
+    ORT = "ort"
 
 
 class Precision(str, enum.Enum):

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.components.context import Backend
-from mobius_lite.enums import Precision
+from mobius_lite.enums import Backend, Precision
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import Cast
 

@@ -8,10 +8,9 @@ import textwrap
 from pathlib import Path
 
 from mobius_lite.build import SUPPORTED_TASKS, build
-from mobius_lite.components.context import Backend
 from mobius_lite.configs.loader import SUPPORTED_MODEL_TYPES
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE
-from mobius_lite.enums import Precision
+from mobius_lite.enums import Backend, Precision
 from mobius_lite.genai_config import genai_limitations
 from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS

@@ -9,24 +9,14 @@ each slot the format its full name resolves to, so model code never mentions a f
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
+from mobius_lite.enums import Backend
 from mobius_lite.formats.weight import DenseWeight, WeightFormat
-
-
-class Backend(str, enum.Enum):
-    """Which operators the graphs may emit: packed formats' kernels, and the Mamba mixer's."""
-
-    STANDARD = "standard"  # standard ONNX ops only: runs on any execution provider
-    # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
-    # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
-    ORT = "ort"
-
 
 # (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
 WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]

@@ -15,7 +15,7 @@ CONTRIB_OPSET = 1
 
 
 def is_ort(backend: Any) -> bool:
-    """Whether `backend` (components.context.Backend, or its value) is onnxruntime's own ops."""
+    """Whether `backend` (enums.Backend, or its value) is onnxruntime's own ops."""
     return str(getattr(backend, "value", backend)).lower() == "ort"
 
 

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mobius_lite.components.context import Backend
-from mobius_lite.enums import Precision
+from mobius_lite.enums import Backend, Precision
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
 from mobius_lite.weights.binding import source_weight_formats
