@@ -1,5 +1,5 @@
-"""The one vocabulary of layer kinds, state roles, graphs, dtypes and backends, shared across the
-package."""
+"""The one vocabulary of layer kinds, state roles, graphs, tasks, dtypes and backends, shared
+across the package."""
 
 from __future__ import annotations
 
@@ -70,6 +70,13 @@ class Backend(str, enum.Enum):
     # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
     # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
     ORT = "ort"
+
+
+class Task(str, enum.Enum):
+    """What a package is for; each model type exports exactly one (configs/model_types.py)."""
+
+    TEXT_GENERATION = "text-generation"
+    IMAGE_TEXT_TO_TEXT = "image-text-to-text"
 
 
 class Precision(str, enum.Enum):

@@ -14,6 +14,7 @@ import numpy as np
 from mobius_lite.enums import Backend, Precision
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import Cast
+from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 
 EXECUTION_PROVIDERS = ("cpu", "cuda")
 
@@ -70,15 +71,15 @@ def parse_backend(value: Any) -> Backend:
         ) from None
 
 
-def check_weight_format(raw_config: Mapping[str, Any], kind: str = "safetensors") -> None:
+def check_weight_format(raw_config: Mapping[str, Any], kind: SourceKind = SAFETENSORS_KIND) -> None:
     """Refuse checkpoints stored in a quantized format this library does not export.
 
     Casting packed INT4 / GPTQ / AWQ bytes to dense floats would silently drop their scales,
     so a config that declares such quantization is rejected before any weight is fetched or
-    read. ModelOpt checkpoints (kind "modelopt") export packed.
+    read, unless its source kind keeps that quantization packed (ModelOpt).
     """
     quant = raw_config.get("quantization_config")
-    if quant is None or kind == "modelopt":  # ModelOpt formats export packed (sources/)
+    if quant is None or kind.keeps_quantization:
         return
     method = quant.get("quant_method", "unknown") if isinstance(quant, Mapping) else quant
     algo = quant.get("quant_algo") if isinstance(quant, Mapping) else None

@@ -39,6 +39,7 @@ from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.storage import Conversion
 from mobius_lite.models.nemotron_h_names import SourceLayout
 from mobius_lite.sources.base import TensorInfo
+from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from mobius_lite.sources.names import Candidate, SourceRef
 
 ARCHITECTURES = ("nemotron_h", "nemotron_h_moe")
@@ -207,7 +208,7 @@ def map_tensor(
     )
 
 
-def nemotron_h_gguf_mapping(checkpoint: Any) -> list[GGUFTensorMapping]:
+def nemotron_h_gguf_mapping(checkpoint: GGUFCheckpoint) -> list[GGUFTensorMapping]:
     """Map every tensor of a GGUFCheckpoint; one CheckpointError lists all unknown tensors."""
     metadata = checkpoint.metadata
     arch = metadata.get("general.architecture")
@@ -297,7 +298,7 @@ class GGUFNames:
         return [SourceRef((mapping.gguf_name,), reshape=reshape, layout=layout)]
 
 
-def gguf_source_layout(source: Any) -> SourceLayout:
+def gguf_source_layout(source: GGUFCheckpoint) -> SourceLayout:
     """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map, and A stored
     as A = -exp(A_log)."""
     return SourceLayout(names=GGUFNames(nemotron_h_gguf_mapping(source)), mamba_a="A")

@@ -46,7 +46,10 @@ class TensorInfo:
 
 
 class TensorSource(Protocol):
-    """A checkpoint seen as named tensors; `read` returns a (possibly memory-mapped) array."""
+    """A checkpoint seen as named tensors; `read` returns a (possibly memory-mapped) array.
+    `kind` names its source kind (source_kinds.py: the name map and conventions it takes)."""
+
+    kind: str
 
     def names(self) -> list[str]: ...
 

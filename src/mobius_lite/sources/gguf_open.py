@@ -19,7 +19,7 @@ from typing import Any
 from mobius_lite.errors import ConfigError
 from mobius_lite.registry import resolve_revision
 from mobius_lite.sources.config_json import read_config_json
-from mobius_lite.sources.gguf_file import SPLIT_NAME, GGUFCheckpoint
+from mobius_lite.sources.gguf_file import GGUF, SPLIT_NAME, GGUFCheckpoint
 from mobius_lite.sources.gguf_tokenizer import gguf_tokenizer_files
 from mobius_lite.sources.hub import (
     HubError,
@@ -30,8 +30,8 @@ from mobius_lite.sources.hub import (
     hub_offline,
     is_hub_id,
 )
+from mobius_lite.sources.open import OpenedCheckpoint
 
-GGUF = "gguf"
 TOKENIZER_KEY = "tokenizer.ggml.tokens"
 
 # (checkpoint, config.json dict or None) -> config dict: configs/gguf_metadata.py's
@@ -114,12 +114,10 @@ def open_gguf(
     revision: str | None = None,
     gguf_file: str | None = None,
     config_json: str | Path | None = None,
-) -> Any:
+) -> OpenedCheckpoint:
     """An OpenedCheckpoint of kind "gguf": config (by `read_config` from the metadata and the
     optional config.json), tokenizer.json + tokenizer_config.json and a lazy GGUFCheckpoint,
     all from the file's headers."""
-    from mobius_lite.sources.open import OpenedCheckpoint
-
     resolved = resolve_gguf(model, revision, gguf_file)
     checkpoint = GGUFCheckpoint(resolved.path)  # unknown types / truncation raise here
     given = read_config_json(config_json) if config_json is not None else None

@@ -23,8 +23,13 @@ def to_numpy(tensor: Any) -> np.ndarray:
     return t.numpy()
 
 
+MEMORY = "memory"
+
+
 class MemorySource:
     """Named in-memory tensors (numpy or torch), converted to numpy on read."""
+
+    kind = MEMORY
 
     def __init__(self, tensors: Mapping[str, Any]) -> None:
         self._tensors = dict(tensors)

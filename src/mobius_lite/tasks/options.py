@@ -1,4 +1,5 @@
-"""What every task is asked to export with: precision, backend, dequantize, extra unused rules."""
+"""What every task is asked to export with (precision, backend, dequantize, extra unused rules)
+and what it gives back (the package's graphs)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Backend, Precision
+from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
 from mobius_lite.weights.binding import source_weight_formats
@@ -28,3 +31,15 @@ class ExportOptions:
         if self.dequantize:
             return None
         return source_weight_formats(source, names, self.precision.ir_dtype, self.backend)
+
+
+@dataclass(frozen=True)
+class TaskGraphs:
+    """A task's export: the decoder's config, the graphs bound to the source, the source
+    tensors several graphs share, and the config.json the package carries (None: the
+    decoder config's own)."""
+
+    decoder: NemotronHConfig
+    graphs: list[GraphRecord]
+    shared: dict[str, list[str]] = field(default_factory=dict)
+    config_json: dict[str, Any] | None = None
