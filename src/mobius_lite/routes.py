@@ -60,10 +60,12 @@ def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str
     return precision, provider
 
 
-def parse_backend(value: Any) -> Backend:
+def parse_backend(value: Backend | str) -> Backend:
     """--weights-backend standard | ort."""
+    if isinstance(value, Backend):
+        return value
     try:
-        return Backend(str(getattr(value, "value", value)).lower())
+        return Backend(str(value).lower())
     except ValueError:
         raise RouteError(
             f"weights backend {value!r} is not supported; choose one of "

@@ -9,17 +9,14 @@ each slot the format its full name resolves to, so model code never mentions a f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.enums import Backend
-from mobius_lite.formats.weight import DenseWeight, WeightFormat
-
-# (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
-WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
+from mobius_lite.formats.weight import DenseWeight, WeightFormat, WeightFormatResolver
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ decode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +41,10 @@ class WeightFormat(Protocol):
         """The leading-axis slices W[indices] (embedding rows, chosen experts), decoded to the
         activation precision."""
         ...
+
+
+# (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
+WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
 
 
 @dataclass(frozen=True)

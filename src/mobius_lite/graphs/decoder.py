@@ -8,15 +8,10 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import GraphBuilder
 
-from mobius_lite.components.context import (
-    Backend,
-    BuildContext,
-    WeightFormatResolver,
-    apply_weight_formats,
-)
+from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Precision
-from mobius_lite.formats.weight import WeightFormat
+from mobius_lite.enums import Backend, Precision
+from mobius_lite.formats.weight import WeightFormat, WeightFormatResolver
 from mobius_lite.graphs.builder import graph_value, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import ml_dtypes
@@ -56,3 +57,8 @@ class TensorSource(Protocol):
     def info(self, name: str) -> TensorInfo: ...
 
     def read(self, name: str) -> np.ndarray: ...
+
+    def byte_range(self, name: str) -> tuple[Path, int, int] | None:
+        """(file, absolute offset, length) of a tensor's stored bytes, so the writer can
+        pread them; None for a source that is not a file (read() is sliced instead)."""
+        ...

@@ -49,3 +49,7 @@ class MemorySource:
 
     def read(self, name: str) -> np.ndarray:
         return to_numpy(self._tensors[name])
+
+    def byte_range(self, name: str) -> None:
+        """None: in memory, not in a file."""
+        return None

@@ -9,6 +9,7 @@ from typing import Any
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Backend, Precision
+from mobius_lite.formats.weight import WeightFormatResolver
 from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
@@ -26,7 +27,7 @@ class ExportOptions:
     dequantize: bool = False
     unused_rules: Mapping[str, str] = field(default_factory=dict)
 
-    def weight_formats(self, source: TensorSource, names: NameMap) -> Any:
+    def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver | None:
         """The weight-format resolver for graphs bound through `names` (None: all dense)."""
         if self.dequantize:
             return None

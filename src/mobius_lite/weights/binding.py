@@ -10,16 +10,17 @@ anything else is one error raised before any data is read.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
+from mobius_lite.enums import Backend
 from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.dense import dense
 from mobius_lite.formats.storage import Conversion
+from mobius_lite.formats.weight import WeightFormat, WeightFormatResolver
 from mobius_lite.sources.base import TensorInfo, TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
@@ -49,7 +50,7 @@ class Binding:
     @property
     def part(self) -> str | None:
         """Which part of a multi-part re-layout this is (one source, several initializers)."""
-        return getattr(self.conversion, "part", None)
+        return self.conversion.part
 
     @property
     def transform(self) -> str:
@@ -175,8 +176,7 @@ def _same_shape(stored: tuple[int, ...], expected: tuple[int, ...], reshape: boo
 def converted_shape(conversion: Conversion, stored: tuple[int, ...]) -> tuple[int, ...]:
     """The shape a tensor stored as `stored` has once converted: the same, unless the
     conversion changes it (packed rows decoded to elements, a re-layout part)."""
-    convert = getattr(conversion, "converted_shape", None)
-    return tuple(stored) if convert is None else tuple(convert(tuple(stored)))
+    return tuple(conversion.converted_shape(tuple(stored)))
 
 
 def source_conversion(ref: SourceRef, info: TensorInfo, dtype: np.dtype) -> Conversion:
@@ -226,20 +226,18 @@ def _plan_one(
 
 
 def source_weight_formats(
-    source: TensorSource, names: NameMap, dtype: Any, backend: Any
-) -> Callable[[str, tuple[int, ...]], Any]:
+    source: TensorSource, names: NameMap, dtype: ir.DataType, backend: Backend
+) -> WeightFormatResolver:
     """A weight-format resolver (see components.context): a weight slot takes the format its
     source tensor's storage proposes (`storage.weight_format(dtype, backend, shape, stacked)`;
     dense storage proposes none, so the slot stays dense)."""
     available = set(source.names())
 
-    def resolve(name: str, shape: tuple[int, ...]) -> Any:
+    def resolve(name: str, shape: tuple[int, ...]) -> WeightFormat | None:
         for ref in map(as_ref, names.alternatives(name, shape)):
             if all(n in available for n in ref.names):
-                propose = getattr(source.info(ref.names[0]).storage, "weight_format", None)
-                return (
-                    None if propose is None else propose(dtype, backend, shape, len(ref.names) > 1)
-                )
+                storage = source.info(ref.names[0]).storage
+                return storage.weight_format(dtype, backend, shape, len(ref.names) > 1)
         return None
 
     return resolve

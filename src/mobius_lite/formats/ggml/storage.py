@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx_ir as ir
 
+from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
 from mobius_lite.formats.ggml import dense as ggml_dense
@@ -25,6 +27,9 @@ from mobius_lite.formats.ggml import iq1, iq2, iq3, iq4, kquants, legacy
 from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, to_matmulnbits
 from mobius_lite.formats.ggml.types import BlockCodec, GGMLType
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
+
+if TYPE_CHECKING:
+    from mobius_lite.formats.ggml.weight import GGMLWeight
 
 CODECS: dict[str, BlockCodec] = {
     codec.type.name: codec
@@ -88,6 +93,10 @@ class Dequantize(_BlockwiseConversion):
     type: GGMLType
     target: np.dtype
     name: str = "dequantize"
+
+    @property
+    def part(self) -> str | None:
+        return None
 
     def convert(self, raw: Bytes) -> Bytes:
         values = codec_of(self.type.name).dequantize(_blocks(raw, self.type.block_bytes))
@@ -173,7 +182,7 @@ class RowPermutation:
 
     @property
     def part(self) -> str | None:
-        return getattr(self.inner, "part", None)
+        return self.inner.part
 
     @property
     def unit_bytes(self) -> int:
@@ -200,8 +209,7 @@ class RowPermutation:
         return self.inner.recompute(bytes(out))
 
     def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        converted = getattr(self.inner, "converted_shape", None)
-        return stored if converted is None else converted(stored)
+        return self.inner.converted_shape(stored)
 
 
 @dataclass(frozen=True)
@@ -231,8 +239,10 @@ class GGMLStorage:
             return Dequantize(self.type, target.dtype)
         raise RouteError(f"no conversion from ggml {self.name} to {target.name} storage")
 
-    def weight_format(self, dtype: Any, backend: Any, shape: tuple[int, ...], stacked: bool):
+    def weight_format(
+        self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
+    ) -> GGMLWeight:
         """The GGMLWeight a weight slot of this storage computes with (see weight.py)."""
-        from mobius_lite.formats.ggml.weight import GGMLWeight
+        from mobius_lite.formats.ggml.weight import GGMLWeight  # weight.py decodes via codec_of
 
         return GGMLWeight.choose(self.type, dtype, backend, tuple(shape))

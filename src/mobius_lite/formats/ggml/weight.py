@@ -23,6 +23,7 @@ from typing import Any
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
+from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
 from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, emit_matmulnbits
 from mobius_lite.formats.ggml.storage import codec_of
@@ -67,7 +68,7 @@ class GGMLWeight:
 
     @classmethod
     def choose(
-        cls, ggml: GGMLType, dtype: ir.DataType, backend: Any, shape: tuple[int, ...]
+        cls, ggml: GGMLType, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...]
     ) -> GGMLWeight:
         """The routes for one slot: onnxruntime's ops where they fit, else standard decode."""
         codec_of(ggml.name)  # RouteError now for a type without a decoder
