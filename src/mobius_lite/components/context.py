@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.enums import Backend
+from mobius_lite.enums import Backend, Precision
 from mobius_lite.formats.weight import DenseWeight, WeightFormat, WeightFormatResolver
 
 
@@ -26,6 +26,11 @@ class BuildContext:
     backend: Backend = Backend.STANDARD
     # Mamba's A as the source stores it: "A_log" (transformers) or "A" (= -exp(A_log), GGUF).
     mamba_a: str = "A_log"
+
+    @classmethod
+    def dense(cls, precision: Precision | str = Precision.F32) -> BuildContext:
+        """Every weight dense in `precision`, standard ops (graphs built without a source)."""
+        return cls(Precision.parse(precision).ir_dtype)
 
     def weight_format(self, name: str, shape: tuple[int, ...]) -> WeightFormat | None:
         """The format of weight slot `name`, or None when it stays dense."""

@@ -74,7 +74,7 @@ class Mamba2Mixer(nn.Module):
         else:
             self.A_log = nn.Parameter([s.num_heads], dtype=dtype)
         self.D = nn.Parameter([s.num_heads], dtype=dtype)
-        self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, dtype)
+        self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, ctx)
         self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
 
     @property

@@ -30,10 +30,11 @@ SCAN_ITERATION_BYTES = 64 * 1024
 class TopkRouter(nn.Module):
     """Selection uses sigmoid(logits) + e_score_correction_bias; weights use the plain sigmoid."""
 
-    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
+    def __init__(self, spec: MoESpec, hidden_size: int, ctx: BuildContext) -> None:
         super().__init__()
         self.spec = spec
-        # The source keeps the router in FP32 (_keep_in_fp32_modules_strict).
+        # The source keeps the router in FP32 (_keep_in_fp32_modules_strict), whatever the
+        # context's activation precision.
         self.weight = nn.Parameter([spec.n_routed_experts, hidden_size], dtype=FLOAT)
         self.e_score_correction_bias = nn.Parameter([spec.n_routed_experts], dtype=FLOAT)
 
@@ -346,7 +347,7 @@ class MoE(nn.Module):
         super().__init__()
         self.spec = spec
         self.dtype = ctx.dtype
-        self.gate = TopkRouter(spec, hidden_size)
+        self.gate = TopkRouter(spec, hidden_size, ctx)
         expert_width = spec.latent_size or hidden_size
         self.experts = Experts(spec, expert_width, ctx)
         if spec.latent_size is not None:

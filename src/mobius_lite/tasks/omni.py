@@ -74,7 +74,6 @@ def omni_graphs(
     the released or the transformers layout (tested with dense weights). Omni names its
     tensors with its own name maps (models/omni_names.py) whatever the source kind."""
     options = options or ExportOptions()
-    precision, backend = options.precision, options.backend
     text = config.text
     # the text model's own rules name its tensors without the language_model. prefix
     text_rules = {
@@ -83,23 +82,20 @@ def omni_graphs(
     }
     rules = {**OMNI_UNUSED, **text_rules, **options.unused_rules}
     available = set(source.names())
-    dtype = precision.ir_dtype
 
     names = LanguageModelNames()
-    formats = options.weight_formats(source, names)
     tied = logits_from_embeddings(text, SourceLayout(names).lm_head_present(source))
     decoder, _ = build_decoder(
         text,
-        precision,
+        options.build_context(source, names),
         inputs_embeds=True,
         logits_from_embeddings=tied,
-        weight_formats=formats,
-        backend=backend,
     )
     media = {IMAGE_FEATURES: config.image_token_id}
     if config.has_audio:
         media[AUDIO_FEATURES] = config.audio_token_id
-    embedding = build_embedding_graph(text, precision, media)
+    # the table stays dense in the build's precision (a lookup, no matmul)
+    embedding = build_embedding_graph(text, BuildContext.dense(options.precision), media)
 
     try:
         vision = OmniVisionConfig.from_dict(config.raw)
@@ -112,14 +108,13 @@ def omni_graphs(
     except ValueError as exc:
         raise ConfigError(f"Omni config.json: {exc}") from None
     tower_names = OmniTowerNames()
-    tower_formats = options.weight_formats(source, tower_names)
-    ctx = BuildContext(dtype, tower_formats or {}, backend)
+    ctx = options.build_context(source, tower_names)
     towers = [
-        (GraphRole.VISION_ENCODER, build_vision_graph(vision, ctx=ctx)),
-        (GraphRole.VIDEO_ENCODER, build_video_graph(vision, ctx=ctx)),
+        (GraphRole.VISION_ENCODER, build_vision_graph(vision, ctx)),
+        (GraphRole.VIDEO_ENCODER, build_video_graph(vision, ctx)),
     ]
     if audio is not None:
-        towers.append((GraphRole.AUDIO_ENCODER, build_audio_graph(audio, ctx=ctx)))
+        towers.append((GraphRole.AUDIO_ENCODER, build_audio_graph(audio, ctx)))
 
     graphs = [
         _bind(GraphRole.DECODER, decoder, source, names, rules),

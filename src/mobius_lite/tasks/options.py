@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Backend, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
@@ -32,6 +33,14 @@ class ExportOptions:
         if self.dequantize:
             return None
         return source_weight_formats(source, names, self.precision.ir_dtype, self.backend)
+
+    def build_context(
+        self, source: TensorSource, names: NameMap, mamba_a: str = "A_log"
+    ) -> BuildContext:
+        """The BuildContext of graphs bound to `source` through `names`: the options'
+        precision and backend, each weight in the format its source tensor proposes."""
+        formats = self.weight_formats(source, names)
+        return BuildContext(self.precision.ir_dtype, formats or {}, self.backend, mamba_a)
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,8 @@ def text_generation_graphs(
     options = options or ExportOptions()
     decoder, _ = build_decoder(
         config,
-        options.precision,
+        options.build_context(source, layout.names, layout.mamba_a),
         logits_from_embeddings=logits_from_embeddings(config, layout.lm_head_present(source)),
-        weight_formats=options.weight_formats(source, layout.names),
-        backend=options.backend,
-        mamba_a=layout.mamba_a,
     )
     plan = plan_bindings(
         graph_parameters(decoder),
