@@ -248,16 +248,22 @@ def write_gguf(
     special_tokens: dict[str, int] | None = None,
     seed: int = 0,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    scales: dict[str, np.ndarray] | None = None,
 ) -> list[Path]:
     """Write `model` as llama.cpp's converter would; returns the written file(s).
 
     types: regex over GGUF names -> ggml type name (first match wins, default F32).
     split: at most this many tensors per file (a `-0000i-of-0000N.gguf` split set).
+    scales: GGUF weight name -> its `.scale` sidecar values ([1], or [E] for stacked experts):
+    the weight is stored divided by them, so stored blocks x scale is the model's weight.
     """
     path = Path(path)
     config = model.config
     rng = np.random.default_rng(seed)
     tensors = converter_tensors(model, arch)
+    for name, scale in (scales or {}).items():
+        tensors[name] = tensors[name] / _per_slice(scale, tensors[name])
+        tensors[name.removesuffix(".weight") + ".scale"] = np.asarray(scale, np.float32)
     tensors.update(extra_tensors or {})
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split or 0)
 
@@ -330,6 +336,23 @@ def write_gguf(
 
 
 # ----------------------------------------------------------------------------- reference
+def _per_slice(scale: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """A `.scale` sidecar broadcast over its weight: one value, or one per expert ([E, 1, 1])."""
+    scale = np.asarray(scale, np.float32).reshape(-1)
+    return scale.reshape(-1, 1, 1) if weight.ndim == 3 else scale.reshape(())
+
+
+def apply_sidecars(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """llama.cpp's meaning of the NVFP4 sidecars on dequantized arrays: each weight times its
+    `.scale` (per expert for stacked experts); `.input_scale` (activations) dropped."""
+    out = {n: a for n, a in arrays.items() if not n.endswith((".scale", ".input_scale"))}
+    for name, scale in arrays.items():
+        if name.endswith(".scale"):
+            weight = name.removesuffix(".scale") + ".weight"
+            out[weight] = out[weight] * _per_slice(scale, out[weight])
+    return out
+
+
 def gguf_parts(path: str | Path) -> list[Path]:
     path = Path(path)
     match = SPLIT_NAME.match(path.name)
@@ -357,6 +380,7 @@ def dequantized_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[st
 def dequantized_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """transformers NemotronHForCausalLM state dict (model. names) from a converter-layout GGUF."""
     arrays, metadata = dequantized_arrays(path)
+    arrays = apply_sidecars(arrays)
     arch = metadata["general.architecture"]
     n_head = int(metadata[f"{arch}.attention.head_count"])
     kv = metadata[f"{arch}.attention.head_count_kv"]

@@ -25,7 +25,8 @@ class ExportOptions:
     unused_rules: Mapping[str, str] = field(default_factory=dict)
 
     def weight_formats(self, source: TensorSource, names: NameMap) -> Any:
-        """The weight-format resolver for graphs bound through `names` (None: all dense)."""
-        if self.dequantize:
-            return None
-        return source_weight_formats(source, names, self.precision.ir_dtype, self.backend)
+        """The weight-format resolver for graphs bound through `names`: packed formats unless
+        dequantizing (output scales stay either way, see formats.weight.OutputScaled)."""
+        return source_weight_formats(
+            source, names, self.precision.ir_dtype, self.backend, packed=not self.dequantize
+        )

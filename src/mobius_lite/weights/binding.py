@@ -20,6 +20,7 @@ import onnx_ir as ir
 from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.dense import dense
 from mobius_lite.formats.storage import Conversion
+from mobius_lite.formats.weight import OUTPUT_SCALE, DenseWeight, OutputScaled
 from mobius_lite.sources.base import TensorInfo, TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
@@ -226,21 +227,37 @@ def _plan_one(
 
 
 def source_weight_formats(
-    source: TensorSource, names: NameMap, dtype: Any, backend: Any
+    source: TensorSource, names: NameMap, dtype: Any, backend: Any, *, packed: bool = True
 ) -> Callable[[str, tuple[int, ...]], Any]:
     """A weight-format resolver (see components.context): a weight slot takes the format its
     source tensor's storage proposes (`storage.weight_format(dtype, backend, shape, stacked)`;
-    dense storage proposes none, so the slot stays dense)."""
+    dense storage proposes none, so the slot stays dense). With packed=False (dequantize)
+    every slot is dense. A slot whose source also has an output-scale tensor (the name map's
+    candidates for `<slot>_output_scale`) computes through `OutputScaled` around that format,
+    which then works in FLOAT (see formats.weight)."""
     available = set(source.names())
 
-    def resolve(name: str, shape: tuple[int, ...]) -> Any:
+    def present(name: str, shape: tuple[int, ...]) -> SourceRef | None:
         for ref in map(as_ref, names.alternatives(name, shape)):
             if all(n in available for n in ref.names):
-                propose = getattr(source.info(ref.names[0]).storage, "weight_format", None)
-                return (
-                    None if propose is None else propose(dtype, backend, shape, len(ref.names) > 1)
-                )
+                return ref
         return None
+
+    def own_format(name: str, shape: tuple[int, ...], ref: SourceRef, fmt_dtype: Any) -> Any:
+        propose = getattr(source.info(ref.names[0]).storage, "weight_format", None)
+        if not packed or propose is None:
+            return None
+        return propose(fmt_dtype, backend, shape, len(ref.names) > 1)
+
+    def resolve(name: str, shape: tuple[int, ...]) -> Any:
+        ref = present(name, shape)
+        if ref is None:
+            return None
+        if present(name + OUTPUT_SCALE, shape) is None:
+            return own_format(name, shape, ref, dtype)
+        stacked = len(shape) == 3
+        inner = own_format(name, shape, ref, ir.DataType.FLOAT) or DenseWeight(ir.DataType.FLOAT)
+        return OutputScaled(inner, dtype, stacked)
 
     return resolve
 
