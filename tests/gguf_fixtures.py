@@ -120,6 +120,12 @@ def _kind(config: Any, layer: int) -> str:
     return spelled.get(name, name)
 
 
+def layer_config(model: Any, layer: int) -> Any:
+    """The transformers config layer `layer`'s mixer was built with (a Puzzle reference
+    rebuilds each mixer from its own; otherwise the model's)."""
+    return getattr(model.model.layers[layer].mixer, "config", model.config)
+
+
 def converter_tensors(model: Any, arch: str) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array (numpy order) exactly as the converter would emit them."""
     config = model.config
@@ -145,7 +151,8 @@ def converter_tensors(model: Any, arch: str) -> dict[str, np.ndarray]:
             out[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(config.n_groups, -1)
             out[b + "ssm_out.weight"] = sd[m + "out_proj.weight"]
         elif kind == "attention":
-            heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+            own = layer_config(model, i)  # a Puzzle layer's own head counts
+            heads, kv_heads = own.num_attention_heads, own.num_key_value_heads
             out[b + "attn_q.weight"] = _permute_rows(sd[m + "q_proj.weight"], heads)
             out[b + "attn_k.weight"] = _permute_rows(sd[m + "k_proj.weight"], kv_heads)
             out[b + "attn_v.weight"] = sd[m + "v_proj.weight"]
@@ -249,6 +256,7 @@ def write_gguf(
     seed: int = 0,
     extra_tensors: dict[str, np.ndarray] | None = None,
     scales: dict[str, np.ndarray] | None = None,
+    puzzle: bool = False,
 ) -> list[Path]:
     """Write `model` as llama.cpp's converter would; returns the written file(s).
 
@@ -256,7 +264,13 @@ def write_gguf(
     split: at most this many tensors per file (a `-0000i-of-0000N.gguf` split set).
     scales: GGUF weight name -> its `.scale` sidecar values ([1], or [E] for stacked experts):
     the weight is stored divided by them, so stored blocks x scale is the model's weight.
+    puzzle: a Puzzle reference (evaluation/puzzle_reference.py) written as the converter's
+    NemotronHPuzzleModel does: nemotron_h_moe with per-layer feed_forward_length,
+    expert_feed_forward_length and expert_used_count (0 for a layer without MoE) and per-layer
+    head counts; expert count, shared-expert length and latent size global.
     """
+    if puzzle and arch != "nemotron_h_moe":
+        raise ValueError("the converter writes Puzzle checkpoints as nemotron_h_moe")
     path = Path(path)
     config = model.config
     rng = np.random.default_rng(seed)
@@ -269,14 +283,20 @@ def write_gguf(
 
     n_layer = config.num_hidden_layers
     kinds = [_kind(config, i) for i in range(n_layer)]
+    pairs = [(layer_config(model, i), kinds[i]) for i in range(n_layer)]
     ffn = config.moe_intermediate_size if arch == "nemotron_h_moe" else config.intermediate_size
     writer.add_block_count(n_layer)
     writer.add_context_length(2**20)  # GraniteHybridModel: no RoPE
     writer.add_embedding_length(config.hidden_size)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_feed_forward_length([ffn if k in ("mlp", "moe") else 0 for k in kinds])
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv([config.num_key_value_heads if k == "attention" else 0 for k in kinds])
+    if puzzle:  # NemotronHPuzzleModel: per-layer arrays, 0 where a layer has no MoE
+        widths = [c.moe_intermediate_size if k == "moe" else 0 for c, k in pairs]
+        writer.add_feed_forward_length(widths)
+        writer.add_head_count([c.num_attention_heads if k == "attention" else 0 for c, k in pairs])
+    else:
+        writer.add_feed_forward_length([ffn if k in ("mlp", "moe") else 0 for k in kinds])
+        writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv([c.num_key_value_heads if k == "attention" else 0 for c, k in pairs])
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
@@ -288,9 +308,14 @@ def write_gguf(
     writer.add_ssm_group_count(config.n_groups)
     writer.add_ssm_inner_size(config.mamba_num_heads * config.mamba_head_dim)
     writer.add_ssm_time_step_rank(config.mamba_num_heads)
-    if arch == "nemotron_h_moe":
+    if puzzle:  # arrays under the same keys (gguf-py 0.19's add_expert_* take scalars only)
+        used = [c.num_experts_per_tok if k == "moe" else 0 for c, k in pairs]
+        writer.add_array(gguf.Keys.LLM.EXPERT_USED_COUNT.format(arch=arch), used)
+        writer.add_array(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch), widths)
+    elif arch == "nemotron_h_moe":
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch == "nemotron_h_moe":
         writer.add_expert_shared_feed_forward_length(config.moe_shared_expert_intermediate_size)
         writer.add_expert_count(config.n_routed_experts)
         writer.add_expert_shared_count(config.n_shared_experts)
