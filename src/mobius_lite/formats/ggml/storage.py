@@ -21,14 +21,14 @@ import numpy as np
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
 from mobius_lite.formats.ggml import dense as ggml_dense
-from mobius_lite.formats.ggml import iq1, iq2, iq3, iq4, kquants, legacy
+from mobius_lite.formats.ggml import iq1, iq2, iq3, iq4, kquants, legacy, mxfp4, nvfp4
 from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, to_matmulnbits
 from mobius_lite.formats.ggml.types import BlockCodec, GGMLType
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 
 CODECS: dict[str, BlockCodec] = {
     codec.type.name: codec
-    for module in (ggml_dense, legacy, kquants, iq1, iq2, iq3, iq4)
+    for module in (ggml_dense, legacy, kquants, iq1, iq2, iq3, iq4, mxfp4, nvfp4)
     for codec in module.CODECS
 }
 UINT8 = np.dtype(np.uint8)
