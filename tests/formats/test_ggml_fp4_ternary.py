@@ -1,6 +1,7 @@
-"""llama.cpp's FP4 and ternary block types: NVFP4, MXFP4 (and TQ1_0, TQ2_0, Q1_0).
+"""llama.cpp's FP4, ternary and 1-bit block types: NVFP4, MXFP4, TQ1_0, TQ2_0, Q1_0.
 
-Oracles: gguf-py's `gguf.quants.dequantize` for the numpy decode, bit for bit; the numpy
+Oracles: gguf-py's `gguf.quants.dequantize` for the numpy decode, bit for bit (Q1_0, which
+gguf-py 0.19 cannot decode: ggml's definition, written out below); the numpy
 decode for the graph decode and for the weight routes (matmul, embedding rows, stacked
 experts) run in onnxruntime CPU, bit for bit. Blocks are random bytes in which every scale
 byte and every code byte value occurs; the scale edge codes are checked one by one against
@@ -19,20 +20,27 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from onnxscript import OpBuilder
 
+from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml import mxfp4, nvfp4
-from mobius_lite.formats.ggml.storage import CODECS
+from mobius_lite.formats.ggml.storage import CODECS, Dequantize, GGMLStorage
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import DECODE, GGMLWeight
 from mobius_lite.formats.modelopt.nvfp4 import E2M1_VALUES
 from mobius_lite.formats.weight import gemm_transposed
 
 from .emit_harness import run_emitter
+from .ggml_data import random_finite_f16_bits
 
 FP4 = ("MXFP4", "NVFP4")
-GGUF_PY = FP4  # the types gguf-py 0.19 dequantizes
-NEW_TYPES = FP4
+FP16_SCALED = ("TQ1_0", "TQ2_0", "Q1_0")
+GGUF_PY = (*FP4, "TQ1_0", "TQ2_0")  # the types gguf-py 0.19 dequantizes
+NEW_TYPES = (*FP4, *FP16_SCALED)
 # Scale bytes per block: their offsets (every byte value is a valid scale for these types).
 SCALE_BYTES = {"MXFP4": (0,), "NVFP4": (0, 1, 2, 3)}
+# Byte offset of the fp16 scale d (ggml-common.h).
+F16_AT = {"TQ1_0": 52, "TQ2_0": 64, "Q1_0": 0}
+# fp16 bit patterns that are not finite: quiet NaN, signalling NaN, negative NaN, +-inf.
+NONFINITE_F16 = (0x7E00, 0x7C01, 0xFE00, 0x7C00, 0xFC00)
 
 
 def bits32(a: np.ndarray) -> np.ndarray:
@@ -42,21 +50,46 @@ def bits32(a: np.ndarray) -> np.ndarray:
 
 def random_rows(type_name: str, lead: tuple[int, ...], n_blocks: int, seed: int) -> np.ndarray:
     """uint8 [*lead, n_blocks * block_bytes]: scale bytes and code bytes each a shuffled tiling
-    of 0..255, so that every value occurs once there are 256 of them."""
+    of 0..255, so that every value occurs once there are 256 of them; fp16 scales finite, the
+    special ones (+-0, subnormals, +-65504) first."""
     rng = np.random.default_rng(seed)
     t = GGML_TYPES[type_name]
     blocks = np.zeros((int(np.prod(lead, dtype=np.int64)) * n_blocks, t.block_bytes), np.uint8)
     is_scale = np.zeros(t.block_bytes, dtype=bool)
-    is_scale[list(SCALE_BYTES[type_name])] = True
-    for mask in (is_scale, ~is_scale):
+    is_scale[list(SCALE_BYTES.get(type_name, ()))] = True
+    at = F16_AT.get(type_name)
+    is_code = ~is_scale
+    if at is not None:
+        is_code[at : at + 2] = False
+    for mask in (m for m in (is_scale, is_code) if m.any()):
         count = blocks[:, mask].size
         tiled = np.resize(np.arange(256, dtype=np.uint8), count)
         blocks[:, mask] = rng.permutation(tiled).reshape(-1, int(mask.sum()))
+    if at is not None:
+        d = random_finite_f16_bits(rng, len(blocks))
+        blocks[:, at : at + 2] = d.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(*lead, n_blocks * t.block_bytes)
 
 
+def q1_0_by_definition(data: np.ndarray) -> np.ndarray:
+    """ggml-quants.c dequantize_row_q1_0, written out: per block of 18 bytes, d = the fp16 at
+    bytes 0..1; for j in 0..127: bit = (qs[j / 8] >> (j % 8)) & 1 with qs = bytes 2..17, and
+    y[j] = bit ? d : -d."""
+    blocks = data.reshape(-1, 18)
+    d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)[:, 0]
+    out = np.empty((len(blocks), 128), np.float32)
+    for j in range(128):
+        bit = (blocks[:, 2 + j // 8] >> (j % 8)) & 1
+        out[:, j] = np.where(bit == 1, d, -d)
+    return out.reshape(*data.shape[:-1], data.shape[-1] // 18 * 128)
+
+
+def reference(data: np.ndarray, type_name: str) -> np.ndarray:
+    return q1_0_by_definition(data) if type_name == "Q1_0" else gguf_py(data, type_name)
+
+
 def gguf_py(data: np.ndarray, type_name: str) -> np.ndarray:
-    with np.errstate(over="ignore"):  # MXFP4 12 * 2^127 is inf, in ggml as here
+    with np.errstate(over="ignore", invalid="ignore"):  # 12 * 2^127 = inf, 0 * inf = NaN
         return gguf_dequantize(data, GGMLQuantizationType[type_name])
 
 
@@ -73,6 +106,7 @@ def emit_rows(type_name: str, data: np.ndarray, *, as_initializers: bool) -> np.
 
 
 def test_type_ids_and_block_sizes_are_ggml_s() -> None:
+    """The figures of the issue / ggml.h, and gguf-py's own table."""
     for name in NEW_TYPES:
         t, qtype = GGML_TYPES[name], GGMLQuantizationType[name]
         assert t.type_id == qtype.value
@@ -80,19 +114,69 @@ def test_type_ids_and_block_sizes_are_ggml_s() -> None:
         assert CODECS[name].type is t
     assert (GGML_TYPES["NVFP4"].block_elements, GGML_TYPES["NVFP4"].block_bytes) == (64, 36)
     assert (GGML_TYPES["MXFP4"].block_elements, GGML_TYPES["MXFP4"].block_bytes) == (32, 17)
+    assert [(GGML_TYPES[n].block_elements, GGML_TYPES[n].block_bytes) for n in FP16_SCALED] == [
+        (256, 48 + 4 + 2),
+        (256, 64 + 2),
+        (128, 2 + 16),
+    ]
 
 
 # ----------------------------------------------------------------------------- numpy vs gguf-py
 
 
-@pytest.mark.parametrize("type_name", GGUF_PY)
+@pytest.mark.parametrize("type_name", NEW_TYPES)
 def test_dequantize_matches_gguf_py(type_name: str) -> None:
+    """gguf-py for all but Q1_0, whose reference is ggml's definition (q1_0_by_definition)."""
     codec = CODECS[type_name]
     for seed, (lead, n_blocks) in enumerate([((8,), 32), ((2, 3), 4), ((), 3)]):
         data = random_rows(type_name, lead, n_blocks, seed)
         got = codec.dequantize(data)
         assert got.shape == (*lead, n_blocks * codec.type.block_elements)
-        np.testing.assert_array_equal(bits32(got), bits32(gguf_py(data, type_name)))
+        np.testing.assert_array_equal(bits32(got), bits32(reference(data, type_name)))
+
+
+@pytest.mark.parametrize("type_name", FP16_SCALED)
+def test_nonfinite_fp16_scales_decode_as_ggml_does(type_name: str) -> None:
+    """NaN / inf scales are not refused by the decode: they give what ggml computes (NaN,
+    +-inf, and NaN for 0 * inf), on both sides bit for bit, NaN payloads included. A package
+    that dequantizes them is then refused by the writer's non-finite check (docs/gguf.md)."""
+    data = random_rows(type_name, (len(NONFINITE_F16),), 1, 5)
+    at = F16_AT[type_name]
+    data[:, at : at + 2] = np.array(NONFINITE_F16, "<u2").view(np.uint8).reshape(-1, 2)
+    got = CODECS[type_name].dequantize(data)
+    expected = reference(data, type_name)
+    assert not np.isfinite(expected).any() if type_name == "Q1_0" else np.isnan(expected).any()
+    np.testing.assert_array_equal(bits32(got), bits32(expected))
+    graph = emit_rows(type_name, data, as_initializers=False)
+    np.testing.assert_array_equal(bits32(graph), bits32(got))
+
+
+@pytest.mark.parametrize("type_name", ["TQ1_0", "TQ2_0"])
+def test_ternary_values_survive_gguf_py_s_quantizer(type_name: str) -> None:
+    """gguf-py's TQ quantizers (a separate encoding of the same layout) of values in
+    {-1, 0, 1} (d = 1 per block) decode back to the same values."""
+    rng = np.random.default_rng(11)
+    values = rng.integers(-1, 2, size=(4, 512)).astype(np.float32)
+    values[:, ::256] = 1.0  # max |x| = 1 per block: d = 1
+    packed = gguf.quants.quantize(values, GGMLQuantizationType[type_name])
+    np.testing.assert_array_equal(CODECS[type_name].dequantize(packed), values)
+
+
+def test_tq1_0_base3_digits_of_every_byte() -> None:
+    """Digit n of byte q is ((uint8)(q * 3^n) * 3) >> 8: the base-3 fraction ceil(v 256 / 243)
+    holds v's digits most significant first. Every byte value in every digit position."""
+    block = np.zeros((256, 54), np.uint8)
+    block[:, 52:54] = np.array([0x3C00], "<u2").view(np.uint8)  # d = 1
+    block[:, :52] = np.arange(256, dtype=np.uint8)[:, None]
+    got = CODECS["TQ1_0"].dequantize(block)
+    q = np.arange(256)
+    for n in range(5):
+        digit = (((q * 3**n) % 256) * 3) >> 8
+        np.testing.assert_array_equal(got[:, 32 * n], digit - 1)  # byte 0, digit n
+        np.testing.assert_array_equal(got[:, 160 + 16 * n], digit - 1)  # byte 32, digit n
+    for n in range(4):
+        digit = (((q * 3**n) % 256) * 3) >> 8
+        np.testing.assert_array_equal(got[:, 240 + 4 * n], digit - 1)  # qh byte 0, digit n
 
 
 def test_ue4m3_every_byte_against_its_definition() -> None:
@@ -197,13 +281,13 @@ def test_routes_decode_on_both_backends(type_name: str, backend: str) -> None:
 def _finite_rows(type_name: str, lead: tuple[int, ...], seed: int) -> np.ndarray:
     """Random rows whose values are finite and moderate (a Gemm of them stays finite)."""
     data = random_rows(type_name, lead, K // GGML_TYPES[type_name].block_elements, seed)
-    blocks = data.reshape(-1, GGML_TYPES[type_name].block_bytes)
-    for offset in SCALE_BYTES[type_name]:  # E8M0 near 2^0, UE4M3 exponents 5..8
-        blocks[:, offset] = (
-            (120 + blocks[:, offset] % 16)
-            if type_name == "MXFP4"
-            else (0x28 + blocks[:, offset] % 32)
-        )
+    blocks = data.reshape(-1, GGML_TYPES[type_name].block_bytes)  # a view: edits reach data
+    for offset in SCALE_BYTES.get(type_name, ()):  # E8M0 near 2^0, UE4M3 exponents 5..8
+        byte = blocks[:, offset]
+        blocks[:, offset] = (120 + byte % 16) if type_name == "MXFP4" else (0x28 + byte % 32)
+    if type_name in F16_AT:
+        d = np.random.default_rng(seed).uniform(-2, 2, len(blocks)).astype("<f2")
+        blocks[:, F16_AT[type_name] : F16_AT[type_name] + 2] = d.view(np.uint8).reshape(-1, 2)
     return data
 
 
@@ -250,3 +334,23 @@ def test_select_rows_match_numpy_decode(
     expected = CODECS[type_name].dequantize(packed)[ids]
     assert got.shape == (*ids.shape, *lead[1:], K)
     np.testing.assert_array_equal(bits32(got), bits32(expected))
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+@pytest.mark.parametrize("type_name", NEW_TYPES)
+def test_storage_is_verbatim_and_dequantize_is_recomputed_independently(type_name: str) -> None:
+    """Packed routes keep the bytes as they are; --dequantize writes the numpy decode, and
+    verify's recomputation (gguf-py; Q1_0: the definition, apart from the codec) agrees."""
+    storage = GGMLStorage(GGML_TYPES[type_name])
+    verbatim = storage.conversion_to(DenseStorage(np.dtype(np.uint8)))
+    data = random_rows(type_name, (3,), 2, 21)
+    raw = memoryview(data.reshape(-1))
+    assert verbatim.verbatim and bytes(verbatim.convert(raw)) == data.tobytes()
+    dequantize = storage.conversion_to(DenseStorage(np.dtype(np.float32)))
+    assert isinstance(dequantize, Dequantize)
+    written = bytes(dequantize.convert(raw))
+    assert written == dequantize.recompute(raw)
+    assert written == CODECS[type_name].dequantize(data).tobytes()
+    assert dequantize.converted_shape(data.shape) == (3, 2 * GGML_TYPES[type_name].block_elements)
