@@ -257,6 +257,7 @@ def write_gguf(
     extra_tensors: dict[str, np.ndarray] | None = None,
     scales: dict[str, np.ndarray] | None = None,
     puzzle: bool = False,
+    packed: dict[str, tuple[np.ndarray, str]] | None = None,
 ) -> list[Path]:
     """Write `model` as llama.cpp's converter would; returns the written file(s).
 
@@ -264,6 +265,8 @@ def write_gguf(
     split: at most this many tensors per file (a `-0000i-of-0000N.gguf` split set).
     scales: GGUF weight name -> its `.scale` sidecar values ([1], or [E] for stacked experts):
     the weight is stored divided by them, so stored blocks x scale is the model's weight.
+    packed: GGUF name -> (its blocks as uint8 [..., row_bytes], ggml type name), written as
+    they are in place of the model's values (e.g. NVFP4 repacked from ModelOpt bytes).
     puzzle: a Puzzle reference (evaluation/puzzle_reference.py) written as the converter's
     NemotronHPuzzleModel does: nemotron_h_moe with per-layer feed_forward_length,
     expert_feed_forward_length and expert_used_count (0 for a layer without MoE) and per-layer
@@ -345,7 +348,12 @@ def write_gguf(
         if arch == "nemotron_h":
             writer.add_add_bos_token(True)  # NemotronHModel.set_vocab, non-MoE only
 
+    for name, (blocks, _) in (packed or {}).items():
+        tensors[name] = blocks  # in the converter's order (the model's), but stored as given
     for name, data in tensors.items():
+        if name in (packed or {}):
+            writer.add_tensor(name, data, raw_dtype=Q[packed[name][1]])  # type: ignore[index]
+            continue
         if data.dtype != np.float32:
             writer.add_tensor(name, data)  # extra tensors of other dtypes, written as given
             continue
