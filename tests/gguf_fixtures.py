@@ -100,6 +100,26 @@ PRESET_GGUF_PY: dict[str, str] = {
 }
 
 
+# What a Puzzle GGUF can say per layer: MoE width and top-k, attention head counts, a pruned
+# shared expert; the expert count (8), shared width and latent size are global.
+PUZZLE_GGUF_BLOCKS: list[dict[str, Any]] = [
+    {"block_type": "mamba"},
+    {"block_type": "moe", "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+    {"block_type": "attention"},
+    {
+        "block_type": "moe",
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 12,
+        "n_shared_experts": 0,
+    },
+    {"block_type": "mamba"},
+    {"block_type": "attention", "num_attention_heads": 2, "num_key_value_heads": 1},
+    {"block_type": "moe", "num_experts_per_tok": 1, "moe_intermediate_size": 20},
+]
+# chunk_size: the one Mamba field a GGUF does not carry, at the value it then takes (128)
+PUZZLE_GGUF_GLOBALS: dict[str, Any] = {"moe_latent_size": 24, "chunk_size": 128}
+
+
 # ----------------------------------------------------------------------------- layout
 def _permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     """LlamaModel.permute: per head, rows [first half | second half] become interleaved."""

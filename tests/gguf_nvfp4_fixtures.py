@@ -23,7 +23,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 import modelopt_fixtures as mf
@@ -132,21 +131,34 @@ def _q_k_heads(config: Any) -> dict[str, int]:
     return {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
 
 
-def write_modelopt_gguf(checkpoint: Path, path: Path, work: Path) -> tuple[list[Path], Any]:
+def write_modelopt_gguf(
+    checkpoint: Path, path: Path, work: Path, **write: Any
+) -> tuple[list[Path], Any]:
     """The GGUF llama.cpp's converter writes from a ModelOpt checkpoint directory (--outtype
     f32), and the transformers model holding its dequantized weights (used for the converter's
-    float tensors and the metadata)."""
+    float tensors and the metadata). `write`: more write_gguf arguments (a tokenizer)."""
     model = mf.dense_reference(checkpoint, work / "dense")
     packed, sidecars = nvfp4_tensors(mf.read_tensors(checkpoint), _q_k_heads(model.config))
-    files = write_gguf(path, model, "nemotron_h_moe", {}, packed=packed, extra_tensors=sidecars)
+    files = write_gguf(
+        path, model, "nemotron_h_moe", {}, packed=packed, extra_tensors=sidecars, **write
+    )
     return files, model
 
 
-def quantized_nvfp4(weight: np.ndarray) -> tuple[np.ndarray, np.float32]:
-    """A float weight [N, K] as ModelOpt quantizes it, repacked: (ggml rows, weight_scale_2)."""
-    parts = mf.quantize_nvfp4(np.asarray(weight, np.float32))
-    scale = parts["weight_scale"].astype(ml_dtypes.float8_e4m3fn)
-    return nvfp4_blocks(parts["weight"], scale), np.float32(parts["weight_scale_2"])
+def quantized_nvfp4(weight: np.ndarray, unit_scale: bool = False) -> tuple[np.ndarray, np.float32]:
+    """A float weight [N, K] as ModelOpt quantizes it, repacked: (ggml rows, weight_scale_2).
+
+    unit_scale: block scales alone (weight_scale_2 = 1), as llama-quantize writes NVFP4."""
+    weight = np.asarray(weight, np.float32)
+    if unit_scale:
+        # quantize_nvfp4 sets scale_2 = amax / (6 * 448): one extra row of amax 6 * 448 makes
+        # it exactly 1 without changing the other rows' blocks; the row is dropped again
+        top = np.full((1, weight.shape[1]), mf.FP4_MAX * mf.E4M3_MAX, np.float32)
+        parts = mf.quantize_nvfp4(np.concatenate([weight, top]))
+        assert float(parts["weight_scale_2"]) == 1.0
+        return nvfp4_blocks(parts["weight"][:-1], parts["weight_scale"][:-1]), np.float32(1.0)
+    parts = mf.quantize_nvfp4(weight)
+    return nvfp4_blocks(parts["weight"], parts["weight_scale"]), np.float32(parts["weight_scale_2"])
 
 
 # The issue's mix: IQ2_XXS routed experts, Q8_0 Mamba and attention projections, NVFP4 shared
@@ -161,15 +173,25 @@ MIXED_TYPES = {
 MIXED_NVFP4 = re.compile(r"(ffn_(up|down)_shexp|ffn_latent_(up|down))\.weight$|^output\.weight$")
 
 
-def write_mixed_gguf(path: Path, model: Any, arch: str = "nemotron_h_moe") -> list[Path]:
+def write_mixed_gguf(
+    path: Path, model: Any, *, latent_scales: bool = True, **write: Any
+) -> list[Path]:
     """`model` as the mixed file: MIXED_TYPES, and NVFP4 (ModelOpt-quantized, scale sidecars
-    far from 1) wherever MIXED_NVFP4 matches."""
+    far from 1) wherever MIXED_NVFP4 matches. latent_scales=False quantizes the latent
+    projections without one (llama.cpp's loader refuses latent scales). `write`: more
+    write_gguf arguments (a tokenizer)."""
     from gguf_fixtures import converter_tensors
 
+    arch = "nemotron_h_moe"
     packed, sidecars = {}, {}
     for name, values in converter_tensors(model, arch).items():
         if MIXED_NVFP4.search(name):
-            rows, scale_2 = quantized_nvfp4(values)
+            unit = not latent_scales and "ffn_latent_" in name
+            rows, scale_2 = quantized_nvfp4(values, unit_scale=unit)
             packed[name] = (rows, "NVFP4")
-            sidecars[name.removesuffix(".weight") + ".scale"] = np.array([scale_2], np.float32)
-    return write_gguf(path, model, arch, MIXED_TYPES, packed=packed, extra_tensors=sidecars)
+            if not unit:
+                stem = name.removesuffix(".weight")
+                sidecars[stem + ".scale"] = np.array([scale_2], np.float32)
+    return write_gguf(
+        path, model, arch, MIXED_TYPES, packed=packed, extra_tensors=sidecars, **write
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import gguf
 import pytest
 
-from gguf_fixtures import write_gguf
+from gguf_fixtures import PUZZLE_GGUF_BLOCKS, PUZZLE_GGUF_GLOBALS, write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.configs.loader import load_config_file, load_text_config
@@ -26,30 +26,11 @@ from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from parity import drive_parity
 from puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
 
-# What a Puzzle GGUF can say per layer: MoE width and top-k, attention head counts, a pruned
-# shared expert; the expert count (8), shared width and latent size are global.
-BLOCKS: list[dict[str, Any]] = [
-    {"block_type": "mamba"},
-    {"block_type": "moe", "num_experts_per_tok": 2, "moe_intermediate_size": 16},
-    {"block_type": "attention"},
-    {
-        "block_type": "moe",
-        "num_experts_per_tok": 3,
-        "moe_intermediate_size": 12,
-        "n_shared_experts": 0,
-    },
-    {"block_type": "mamba"},
-    {"block_type": "attention", "num_attention_heads": 2, "num_key_value_heads": 1},
-    {"block_type": "moe", "num_experts_per_tok": 1, "moe_intermediate_size": 20},
-]
-# chunk_size: the one Mamba field a GGUF does not carry, at the value it then takes (128)
-GLOBALS = {"moe_latent_size": 24, "chunk_size": 128}
-
 
 @pytest.fixture(scope="module")
 def puzzle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("gguf_puzzle")
-    raw = puzzle_raw_config(BLOCKS, **GLOBALS)
+    raw = puzzle_raw_config(PUZZLE_GGUF_BLOCKS, **PUZZLE_GGUF_GLOBALS)
     checkpoint, model = write_puzzle_checkpoint(raw, root / "checkpoint")
     (file,) = write_gguf(root / "puzzle.gguf", model, "nemotron_h_moe", puzzle=True)
     return {"raw": raw, "checkpoint": checkpoint, "file": file, "root": root}
