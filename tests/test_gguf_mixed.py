@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import gguf
@@ -123,3 +124,28 @@ def test_one_package_holds_the_files_packed_bytes(mixed: dict[str, Any], backend
         if tensor.name.endswith(".scale"):
             assert record["initializer"].endswith("_output_scale")
     assert verify_package(package, mixed["file"]).ok
+
+
+@pytest.mark.parametrize("backend", ["standard", "ort"])
+def test_f16_package_stays_within_the_release_gates(
+    mixed: dict[str, Any], backend: str, tmp_path: Path
+) -> None:
+    """--dtype f16 on both backends (the scaled NVFP4 linears compute in FP32 and round
+    once): prefill logits against the same reference within the release gates."""
+    import onnx_ir as ir
+    import torch
+
+    from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
+    from mobius_lite.runtime import DecoderSession
+    from nemotron_reference import pinned_torch
+
+    package = tmp_path / "f16"
+    args = ["build", "--model", str(mixed["file"]), "--output", str(package), "-q"]
+    assert main([*args, "--dtype", "f16", "--weights-backend", backend]) == 0
+    config = NemotronHConfig.from_file(package)
+    ids = np.random.default_rng(1).integers(3, config.vocab_size, size=(1, 9))
+    ours = DecoderSession(package / "model.onnx", config, ir.DataType.FLOAT16).step(ids)["logits"]
+    with pinned_torch():
+        expected = _reference(mixed)(torch.from_numpy(ids)).logits.float().numpy()
+    result = compare("f16 prefill logits", ours, expected)
+    assert result.passes(RELEASE_NRMSE, RELEASE_COSINE), result
