@@ -278,6 +278,27 @@ def test_routes_decode_on_both_backends(type_name: str, backend: str) -> None:
             assert fmt.name == f"ggml {type_name} (decode / decode)"
 
 
+@pytest.mark.parametrize("type_name", NEW_TYPES)
+def test_onnxruntime_cpu_gather_packed_refuses_the_type(type_name: str) -> None:
+    """Why the ort route decodes these: onnxruntime 1.32's CPU GatherPacked (the only packed
+    ggml kernel it has on CPU) refuses their packed_type at session creation."""
+    data = random_rows(type_name, (4,), K // GGML_TYPES[type_name].block_elements, 3)
+
+    def emit(op: OpBuilder, table: ir.Value, index: ir.Value) -> ir.Value:
+        return op.GatherPacked(
+            table,
+            index,
+            packed_type=GGML_TYPES[type_name].type_id,
+            K=K,
+            output_dtype=1,
+            _domain="com.microsoft",
+        )
+
+    ids = np.array([1, 0], dtype=np.int64)
+    with pytest.raises(Exception, match=f"unsupported packed_type={GGML_TYPES[type_name].type_id}"):
+        run_emitter(emit, [data, ids], opset_imports={"com.microsoft": 1})
+
+
 def _finite_rows(type_name: str, lead: tuple[int, ...], seed: int) -> np.ndarray:
     """Random rows whose values are finite and moderate (a Gemm of them stays finite)."""
     data = random_rows(type_name, lead, K // GGML_TYPES[type_name].block_elements, seed)
