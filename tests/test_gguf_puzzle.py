@@ -98,3 +98,68 @@ def test_a_moe_layer_without_its_expert_width_is_one_clear_error(
     err = capsys.readouterr().err
     assert "expert_feed_forward_length[1]=0" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def _puzzle_metadata(**per_layer: list[int]) -> dict[str, Any]:
+    """Metadata of a five-layer Puzzle file (mamba, moe, attention, mlp, moe) as the converter
+    writes it, with per-layer arrays replaceable."""
+    arch = "nemotron_h_moe"
+    arrays = {
+        "feed_forward_length": [0, 16, 0, 40, 12],
+        "expert_feed_forward_length": [0, 16, 0, 0, 12],
+        "expert_used_count": [0, 2, 0, 0, 3],
+        "attention.head_count": [0, 0, 4, 0, 0],
+        "attention.head_count_kv": [0, 0, 2, 0, 0],
+        **{k.replace("__", "."): v for k, v in per_layer.items()},
+    }
+    scalars = {
+        "block_count": 5,
+        "embedding_length": 32,
+        "attention.layer_norm_rms_epsilon": 1e-5,
+        "attention.key_length": 8,
+        "attention.value_length": 8,
+        "ssm.time_step_rank": 4,
+        "ssm.inner_size": 32,
+        "ssm.state_size": 8,
+        "ssm.group_count": 2,
+        "ssm.conv_kernel": 4,
+        "expert_count": 8,
+        "expert_shared_feed_forward_length": 24,
+        "expert_shared_count": 1,
+        "vocab_size": 97,
+    }
+    return {
+        "general.architecture": arch,
+        **{f"{arch}.{k}": v for k, v in {**scalars, **arrays}.items()},
+    }
+
+
+def test_an_ffn_width_without_experts_is_a_dense_mlp_layer() -> None:
+    from mobius_lite.configs.gguf_metadata import config_from_gguf
+
+    config = load_text_config(config_from_gguf(_puzzle_metadata()))
+    kinds = [layer.kind for layer in config.layers]
+    assert kinds == [
+        LayerKind.MAMBA,
+        LayerKind.MOE,
+        LayerKind.ATTENTION,
+        LayerKind.MLP,
+        LayerKind.MOE,
+    ]
+    assert config.layers[3].mlp.intermediate_size == 40
+    assert (
+        config.layers[1].moe.moe_intermediate_size,
+        config.layers[1].moe.num_experts_per_tok,
+    ) == (16, 2)
+    assert (
+        config.layers[4].moe.moe_intermediate_size,
+        config.layers[4].moe.num_experts_per_tok,
+    ) == (12, 3)
+
+
+def test_a_per_layer_array_of_the_wrong_length_is_one_clear_error() -> None:
+    from mobius_lite.configs.gguf_metadata import config_from_gguf
+    from mobius_lite.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="expert_used_count has 4 entries for 5 layers"):
+        config_from_gguf(_puzzle_metadata(expert_used_count=[0, 2, 0, 0]))
