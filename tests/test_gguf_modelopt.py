@@ -102,9 +102,15 @@ def _steps(package: Path, config: NemotronHConfig, ids: np.ndarray):
         yield outputs
 
 
-def test_package_matches_the_modelopt_package(converted: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["standard", "ort"])
+def test_package_matches_the_modelopt_package(
+    converted: dict[str, Any], backend: str, tmp_path: Path
+) -> None:
+    """The GGUF's package on either backend against the ModelOpt package (standard: its ort
+    route needs 16-bit activations)."""
     package = tmp_path / "from-gguf"
-    assert main(["build", "--model", str(converted["file"]), "--output", str(package), "-q"]) == 0
+    args = ["build", "--model", str(converted["file"]), "--output", str(package), "-q"]
+    assert main([*args, "--weights-backend", backend]) == 0
     config = NemotronHConfig.from_file(converted["direct"])
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, PROMPT))
     comparisons: list[Comparison] = []

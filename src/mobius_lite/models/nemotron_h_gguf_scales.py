@@ -100,8 +100,8 @@ def _problem(checkpoint: Any, name: str, available: set[str]) -> str | None:
 def output_scales(checkpoint: Any) -> dict[str, str]:
     """weight GGUF name -> its `.scale` tensor, for every scale the export applies.
 
-    One CheckpointError lists every sidecar that belongs to no weight llama.cpp scales (see the
-    module docstring); `.input_scale` tensors are checked the same way, then left unused.
+    One CheckpointError lists every sidecar that cannot be applied (see the module docstring);
+    `.input_scale` tensors are checked the same way, then left unused.
     """
     names = checkpoint.names()
     available = set(names)
@@ -114,9 +114,9 @@ def output_scales(checkpoint: Any) -> dict[str, str]:
         shown = ", ".join(problems[:MAX_LISTED])
         more = f" (and {len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
         raise CheckpointError(
-            f"{len(problems)} GGUF scale tensor(s) belong to no weight that takes a scale: "
-            f"{shown}{more}. Scales apply to attention q/k/v/o, ffn up/down, shared and "
-            "stacked experts, ssm_in/ssm_out, the latent projections and an NVFP4 output; "
-            "remove the others or re-convert the checkpoint"
+            f"{len(problems)} GGUF scale tensor(s) cannot be applied: {shown}{more}. Scales "
+            "are F32 [1] ([n_expert] for stacked experts) beside attention q/k/v/o, ffn "
+            "up/down, shared and stacked experts, ssm_in/ssm_out, the latent projections or "
+            "an NVFP4 output; re-convert the checkpoint with llama.cpp's converter"
         )
     return {weight_of(n): n for n in names if sidecar_kind(n) == SCALE}
