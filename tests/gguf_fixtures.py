@@ -64,7 +64,14 @@ FP16_FIELDS = {
     "IQ1_S": (0,),
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
+    "TQ1_0": (52,),
+    "TQ2_0": (64,),
+    "Q1_0": (0,),
+    "NVFP4": (),  # UE4M3 scale bytes: every byte is a finite value
+    "MXFP4": (),  # its E8M0 byte is set apart (random_blocks)
 }
+# E8M0 exponents of random MXFP4 blocks: scales 2^-10 .. 2^-4, like small weights.
+MXFP4_EXPONENTS = (118, 125)
 
 FORCED_F32 = re.compile(r"(_norm\.weight|ssm_conv1d\.weight|ssm_a|ssm_d|ffn_gate_inp\.weight)$")
 
@@ -228,6 +235,8 @@ def random_blocks(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
     else:
         for j, offset in enumerate(FP16_FIELDS[type_name]):
             blocks[:, offset : offset + 2] = scales[:, j : j + 1].view(np.uint8)
+    if type_name == "MXFP4":
+        blocks[:, 0] = rng.integers(*MXFP4_EXPONENTS, size=n_blocks, endpoint=True)
     row_bytes = shape[-1] // block_elems * block_bytes
     return blocks.reshape(*shape[:-1], row_bytes)
 

@@ -2,7 +2,8 @@
 attention projections, NVFP4 shared experts, latent projections and output matrix with their
 `.scale` sidecars (ModelOpt-quantized, so far from 1), F16 embeddings, F32 norms. It exports
 as one package whose packed bytes are the file's, and matches transformers holding gguf-py's
-dequantized weights times their scales under the foundation gates on both backends."""
+dequantized weights times their scales under the foundation gates on both backends and with
+--dequantize."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ MIXED_MODEL = {
     "topk_group": 1,
     "routed_scaling_factor": 2.5,
 }
+ROUTES = {
+    "standard": ["--weights-backend", "standard"],
+    "ort": ["--weights-backend", "ort"],
+    "dequantize": ["--dequantize"],
+}
 EXPECTED_TYPES = {
     "ffn_up_exps": "IQ2_XXS",
     "ffn_down_exps": "IQ2_XXS",
@@ -62,10 +68,10 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model = make_reference(MIXED_MODEL)
     (file,) = write_mixed_gguf(root / "mixed.gguf", model)
     packages = {}
-    for backend in ("standard", "ort"):
-        packages[backend] = root / backend
-        args = ["build", "--model", str(file), "--output", str(packages[backend]), "-q"]
-        assert main([*args, "--weights-backend", backend]) == 0
+    for route, flags in ROUTES.items():
+        packages[route] = root / route
+        args = ["build", "--model", str(file), "--output", str(packages[route]), "-q"]
+        assert main([*args, *flags]) == 0
     return {"model": model, "file": file, "packages": packages}
 
 
@@ -94,11 +100,11 @@ def _reference(mixed: dict[str, Any]) -> NemotronHForCausalLM:
     return rebuilt
 
 
-@pytest.mark.parametrize("backend", ["standard", "ort"])
+@pytest.mark.parametrize("route", list(ROUTES))
 def test_matches_transformers_on_the_scaled_dequantized_weights(
-    mixed: dict[str, Any], backend: str
+    mixed: dict[str, Any], route: str
 ) -> None:
-    package = mixed["packages"][backend]
+    package = mixed["packages"][route]
     config = NemotronHConfig.from_file(package)
     run = drive_parity(_reference(mixed), config, package, prompt_length=9, decode_steps=5)
     assert len(run.comparisons) == 6 * (1 + 2 + 2)
