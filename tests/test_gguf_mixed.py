@@ -28,7 +28,7 @@ from parity import drive_parity
 
 MIXED_MODEL = {
     "layers_block_type": ["mamba", "moe", "attention", "moe"],
-    "hidden_size": 256,
+    "hidden_size": 64,
     "moe_latent_size": 256,
     "moe_intermediate_size": 256,
     "moe_shared_expert_intermediate_size": 64,
