@@ -243,7 +243,7 @@ def source_weight_formats(
                 return ref
         return None
 
-    def own_format(name: str, shape: tuple[int, ...], ref: SourceRef, fmt_dtype: Any) -> Any:
+    def own_format(shape: tuple[int, ...], ref: SourceRef, fmt_dtype: Any) -> Any:
         propose = getattr(source.info(ref.names[0]).storage, "weight_format", None)
         if not packed or propose is None:
             return None
@@ -254,10 +254,9 @@ def source_weight_formats(
         if ref is None:
             return None
         if present(name + OUTPUT_SCALE, shape) is None:
-            return own_format(name, shape, ref, dtype)
-        stacked = len(shape) == 3
-        inner = own_format(name, shape, ref, ir.DataType.FLOAT) or DenseWeight(ir.DataType.FLOAT)
-        return OutputScaled(inner, dtype, stacked)
+            return own_format(shape, ref, dtype)
+        inner = own_format(shape, ref, ir.DataType.FLOAT) or DenseWeight(ir.DataType.FLOAT)
+        return OutputScaled(inner, dtype, stacked=len(shape) == 3)  # [E, out, in]: experts
 
     return resolve
 
