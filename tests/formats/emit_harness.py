@@ -18,10 +18,12 @@ def run_emitter(
     *,
     as_initializers: bool = False,
     opset_imports: dict[str, int] | None = None,
+    initializers: Sequence[np.ndarray] = (),
 ) -> list[np.ndarray]:
     """emit(op, *values) builds nodes over one value per array; returns its outputs computed.
 
-    The arrays enter as graph inputs, or as initializers (as packed weights do in a package).
+    The arrays enter as graph inputs, or as initializers (as packed weights do in a package);
+    `initializers` are further arrays passed after `inputs`, always as initializers.
     """
     values = [
         ir.Value(
@@ -38,13 +40,21 @@ def run_emitter(
         opset_imports={"": OPSET, **(opset_imports or {})},
         name="emit_test",
     )
-    if as_initializers:
-        for value, array in zip(values, inputs, strict=True):
-            value.const_value = ir.tensor(array, name=value.name)
-            graph.register_initializer(value)
+    constants = [
+        ir.Value(
+            name=f"init{i}",
+            type=ir.TensorType(ir.DataType.from_numpy(a.dtype)),
+            shape=ir.Shape(list(a.shape)),
+        )
+        for i, a in enumerate(initializers)
+    ]
+    fixed = list(zip(values, inputs, strict=True)) if as_initializers else []
+    for value, array in fixed + list(zip(constants, initializers, strict=True)):
+        value.const_value = ir.tensor(array, name=value.name)
+        graph.register_initializer(value)
     builder = GraphBuilder(graph)
     op: OpBuilder = builder.op
-    result = emit(op, *values)
+    result = emit(op, *values, *constants)
     outputs = [result] if isinstance(result, ir.Value) else list(result)
     for i, out in enumerate(outputs):
         out.name = f"out{i}"

@@ -80,3 +80,63 @@ def gemm_transposed(
     if bias is not None:
         return op.Gemm(x, weight, bias, transB=1)
     return op.Gemm(x, weight, transB=1)
+
+
+# The parameter beside a weight slot that holds its output scale: "<slot>_output_scale".
+OUTPUT_SCALE = "_output_scale"
+FLOAT = ir.DataType.FLOAT
+
+
+@dataclass(frozen=True)
+class OutputScaled:
+    """A weight whose products are multiplied by a stored FP32 scale: one value ([1]) for a
+    matrix, one per slice ([E]) for stacked experts. `inner` is the weight's own format, built
+    for FLOAT activations: the unscaled product of a 16-bit graph can leave the 16-bit range
+    (an NVFP4 weight without its scale is ~1 / scale times too large), so the scaled linear
+    computes in FP32 and rounds once.
+
+    matmul: (x @ W^T) * s (+ bias), as llama.cpp applies a `.scale` tensor; select (rows of
+    stacked experts): W[i] * s[i], the same product for the experts' matmuls that follow.
+    """
+
+    inner: WeightFormat
+    dtype: ir.DataType  # the activation precision
+    stacked: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} x output scale"
+
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        scales = shape[0] if self.stacked else 1
+        return {
+            **self.inner.parameters(shape),
+            OUTPUT_SCALE: nn.Parameter([scales], dtype=FLOAT),
+        }
+
+    def _inner_params(self, params: dict[str, ir.Value]) -> dict[str, ir.Value]:
+        return {k: v for k, v in params.items() if k != OUTPUT_SCALE}
+
+    def _to_dtype(self, op: OpBuilder, value: ir.Value) -> ir.Value:
+        return value if self.dtype == FLOAT else op.Cast(value, to=self.dtype)
+
+    def matmul(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        params: dict[str, ir.Value],
+        bias: ir.Value | None = None,
+    ) -> ir.Value:
+        wide = x if self.dtype == FLOAT else op.Cast(x, to=FLOAT)
+        y = self.inner.matmul(op, wide, self._inner_params(params))
+        y = self._to_dtype(op, op.Mul(y, params[OUTPUT_SCALE]))
+        return y if bias is None else op.Add(y, bias)
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
+        rows = self.inner.select(op, self._inner_params(params), indices)
+        if self.stacked:
+            scale = op.Gather(params[OUTPUT_SCALE], indices, axis=0)
+            scale = op.Unsqueeze(scale, op.Constant(value_ints=[-1, -2]))
+        else:
+            scale = params[OUTPUT_SCALE]
+        return self._to_dtype(op, op.Mul(rows, scale))

@@ -37,6 +37,8 @@ from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.storage import Conversion
+from mobius_lite.formats.weight import OUTPUT_SCALE
+from mobius_lite.models.nemotron_h_gguf_scales import output_scales, sidecar_kind
 from mobius_lite.models.nemotron_h_names import SourceLayout
 from mobius_lite.sources.base import TensorInfo
 from mobius_lite.sources.gguf_file import GGUFCheckpoint
@@ -209,7 +211,8 @@ def map_tensor(
 
 
 def nemotron_h_gguf_mapping(checkpoint: GGUFCheckpoint) -> list[GGUFTensorMapping]:
-    """Map every tensor of a GGUFCheckpoint; one CheckpointError lists all unknown tensors."""
+    """Map every tensor of a GGUFCheckpoint but the `.scale` / `.input_scale` sidecars (see
+    nemotron_h_gguf_scales); one CheckpointError lists all unknown tensors."""
     metadata = checkpoint.metadata
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -220,6 +223,8 @@ def nemotron_h_gguf_mapping(checkpoint: GGUFCheckpoint) -> list[GGUFTensorMappin
     mappings: list[GGUFTensorMapping] = []
     unknown: list[str] = []
     for name in checkpoint.names():
+        if sidecar_kind(name):
+            continue
         mapping = map_tensor(name, tuple(checkpoint.logical_shape(name)), metadata)
         if mapping is None:
             unknown.append(name)
@@ -276,12 +281,21 @@ def _then(first: Layout, second: Layout) -> Layout:
 
 
 class GGUFNames:
-    """The NameMap of a Nemotron-H GGUF: graph parameter -> its GGUF tensor (see module doc)."""
+    """The NameMap of a Nemotron-H GGUF: graph parameter -> its GGUF tensor (see module doc);
+    a weight's `<parameter>_output_scale` -> its `.scale` tensor (`scales`: weight GGUF name
+    -> scale GGUF name)."""
 
-    def __init__(self, mappings: list[GGUFTensorMapping]) -> None:
+    def __init__(
+        self, mappings: list[GGUFTensorMapping], scales: dict[str, str] | None = None
+    ) -> None:
         self._by_parameter = {graph_parameter(m): m for m in mappings}
+        self._scales = scales or {}
 
     def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
+        if target.endswith(OUTPUT_SCALE):
+            weight = self._by_parameter.get(target.removesuffix(OUTPUT_SCALE))
+            scale = self._scales.get(weight.gguf_name) if weight is not None else None
+            return [] if scale is None else [(scale,)]
         part = None
         for suffix, name in NBITS_PARTS.items():
             if target.endswith(suffix):
@@ -299,6 +313,7 @@ class GGUFNames:
 
 
 def gguf_source_layout(source: GGUFCheckpoint) -> SourceLayout:
-    """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map, and A stored
-    as A = -exp(A_log)."""
-    return SourceLayout(names=GGUFNames(nemotron_h_gguf_mapping(source)), mamba_a="A")
+    """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map (with the
+    weights' output scales), and A stored as A = -exp(A_log)."""
+    names = GGUFNames(nemotron_h_gguf_mapping(source), output_scales(source))
+    return SourceLayout(names=names, mamba_a="A")

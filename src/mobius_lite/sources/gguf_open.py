@@ -33,6 +33,15 @@ from mobius_lite.sources.hub import (
 from mobius_lite.sources.open import OpenedCheckpoint
 
 TOKENIZER_KEY = "tokenizer.ggml.tokens"
+# llama.cpp's `.input_scale` sidecars: activation scales for 4-bit activations, which its own
+# graphs read but do not use. Which weights may carry one is the model's check
+# (models/nemotron_h_gguf_scales.py); the export is weight-only.
+UNUSED_RULES = {
+    r"^(blk\.\d+\.[a-z_]+|output)\.input_scale$": (
+        "activation scale for 4-bit activations (llama.cpp reads it, no graph uses it); "
+        "this export computes weight-only"
+    )
+}
 
 # (checkpoint, config.json dict or None) -> config dict: configs/gguf_metadata.py's
 # config_from_checkpoint, handed in by the caller (configs sit above sources).
@@ -125,4 +134,6 @@ def open_gguf(
     extras: dict[str, Path | bytes] = {}
     if checkpoint.metadata.get(TOKENIZER_KEY):
         extras.update(gguf_tokenizer_files(checkpoint.metadata))
-    return OpenedCheckpoint(GGUF, raw, resolved, extras, open_tensors=GGUFCheckpoint)
+    return OpenedCheckpoint(
+        GGUF, raw, resolved, extras, open_tensors=GGUFCheckpoint, unused_rules=UNUSED_RULES
+    )

@@ -28,11 +28,12 @@ class ExportOptions:
     dequantize: bool = False
     unused_rules: Mapping[str, str] = field(default_factory=dict)
 
-    def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver | None:
-        """The weight-format resolver for graphs bound through `names` (None: all dense)."""
-        if self.dequantize:
-            return None
-        return source_weight_formats(source, names, self.precision.ir_dtype, self.backend)
+    def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
+        """The weight-format resolver for graphs bound through `names`: packed formats unless
+        dequantizing (output scales stay either way, see formats.weight.OutputScaled)."""
+        return source_weight_formats(
+            source, names, self.precision.ir_dtype, self.backend, packed=not self.dequantize
+        )
 
     def build_context(
         self, source: TensorSource, names: NameMap, mamba_a: str = "A_log"
@@ -40,7 +41,7 @@ class ExportOptions:
         """The BuildContext of graphs bound to `source` through `names`: the options'
         precision and backend, each weight in the format its source tensor proposes."""
         formats = self.weight_formats(source, names)
-        return BuildContext(self.precision.ir_dtype, formats or {}, self.backend, mamba_a)
+        return BuildContext(self.precision.ir_dtype, formats, self.backend, mamba_a)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ NBITS_SCALES = "_nbits_scales"
 NBITS_PARTS = {NBITS_B: "b", NBITS_SCALES: "scales"}
 
 # ggml types onnxruntime 1.32's CPU GatherPacked accepts (probed: tests/test_gguf_export.py
-# checks each against the numpy decode, and that the others are refused).
+# checks each against the numpy decode, and that the others are refused; TQ1_0, TQ2_0, MXFP4,
+# NVFP4 and Q1_0 are refused, tests/formats/test_ggml_fp4_ternary.py).
 GATHER_PACKED_CPU = frozenset(
     {"Q4_0", "Q5_0", "Q8_0", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"}
     | {"IQ4_NL", "IQ4_XS"}
