@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import resource
 import shutil
 import statistics
@@ -42,7 +41,13 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
-from bench_common import session_options  # noqa: E402
+from bench_common import (  # noqa: E402
+    median_time,
+    open_package,
+    session_options,
+    timed_decode,
+    timed_export,
+)
 from bench_mid import MID  # noqa: E402
 
 PATTERN = "ME*MEME*ME"
@@ -103,31 +108,6 @@ def gguf_facts(path: Path) -> dict[str, Any]:
     return {"tensor_bytes": sum(int(t.n_bytes) for t in tensors), "bytes_by_type": mix}
 
 
-def timed_export(path: Path, output: Path, flags: list[str]) -> dict[str, Any]:
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "mobius_lite.cli.main", "build"]
-    cmd += ["--model", str(path), "--output", str(output), "--overwrite", "--quiet", *flags]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    manifest = json.loads((output / "manifest.json").read_text())
-    return {
-        "command": " ".join(["mobius build --model", path.name, *flags]),
-        "export_wall_s": wall,
-        "export_peak_rss_mib": rss / 1024,
-        "package_weight_bytes": manifest["totals"]["bytes_written"],
-    }
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def rss_mib() -> float:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
@@ -143,16 +123,8 @@ def peak_rss_mib() -> float:
 def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repeats: int) -> dict:
     """Run in a fresh process (--child): session creation, prefill, decode; peak RSS."""
 
-    from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
-
-    options = session_options(threads)
     before = rss_mib()
-    start = time.perf_counter()
-    session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-    )
-    created = time.perf_counter() - start
+    session, created = open_package(package, session_options(threads))
     after_session = rss_mib() - before
 
     def prefill():
@@ -161,18 +133,12 @@ def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repe
 
     prefill()
     prefill_s = median_time(prefill, repeats)
-    token = prefill()["logits"][:, -1].argmax(-1)[:, None]
-    steps = []
-    for _ in range(decode):
-        start = time.perf_counter()
-        out = session.step(token)
-        steps.append(time.perf_counter() - start)
-        token = out["logits"][:, -1].argmax(-1)[:, None]
+    decoded = timed_decode(session, prefill()["logits"], decode)
     return {
         "session_create_s": created,
         "session_rss_mib": after_session,
         "prefill_ms": prefill_s * 1e3,
-        "decode_ms_per_token": statistics.median(steps[1:]) * 1e3,
+        "decode_ms_per_token": decoded.median_after_first * 1e3,
         "peak_rss_mib": peak_rss_mib(),
     }
 
@@ -262,6 +228,7 @@ def main() -> None:
                 continue
             package = args.workdir / f"pkg-{name}-{route}"
             entry["routes"][route] = {
+                "command": " ".join(["mobius build --model", path.name, *flags]),
                 **timed_export(path, package, flags),
                 **run_ort(package, args),
             }
