@@ -21,6 +21,7 @@ from mobius_lite.package import GraphRecord, ModelPackage
 from mobius_lite.routes import check_route, check_weight_format, parse_backend
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.memory import checkpoint_state_dict
 from mobius_lite.sources.open import SAFETENSORS, open_checkpoint
 from mobius_lite.tasks import (
     IMAGE_TEXT_TO_TEXT,
@@ -132,15 +133,16 @@ def build_from_module(
     *,
     weights_backend: Backend | str = Backend.STANDARD,
 ) -> ModelPackage:
-    """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its state dict
-    is the source. `weights_backend` as in build."""
+    """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its tensors, under
+    the names save_pretrained gives them, are the source, so the package verifies against the
+    saved checkpoint. `weights_backend` as in build."""
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     raw = config if config is not None else module.config
     if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
-    source = MemorySource(module.state_dict())
+    source = MemorySource(checkpoint_state_dict(module))
     text_config, graphs, shared, config_json = package_graphs(
         raw, source, SAFETENSORS, ExportOptions(precision, backend)
     )
