@@ -23,6 +23,14 @@ from nemotron_reference import make_reference
 GGUF_PATTERN = ["mamba", "moe", "attention", "moe"]
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 3, 77]
 STEPS = 3
+FAMILIES = (
+    "logits",
+    "attention_kv",
+    "conv_state",
+    "recurrent_state",
+    "hidden_states",
+    "routing_weights",
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +54,12 @@ def test_gguf_package_qualifies_against_its_gguf(gguf_package, tmp_path: Path) -
     assert _statuses(report) == dict.fromkeys(VERDICTS, "PASS"), report.as_dict()
     assert report.verdicts["source_fidelity"].evidence["checked"] > 0
     families = report.verdicts["numerical_parity"].evidence["families"]
-    for family in ("logits", "attention_kv", "conv_state", "recurrent_state"):
+    for family in FAMILIES:
         assert families[family]["compared"] > 0 and families[family]["failed"] == 0, family
     assert "gguf-py" in report.run["reference"]["weights"]
+    # the packed graph has nodes a dense build has not: its taps are found by scope, all of them
+    assert report.verdicts["numerical_parity"].evidence["not_compared"] == {}
+    assert families["hidden_states"]["compared"] == len(GGUF_PATTERN) * (STEPS + 1)
     saved = json.loads((tmp_path / "q" / "report.json").read_text())
     assert saved["run"]["source"] == str(path.resolve())
 
@@ -91,6 +102,10 @@ def test_modelopt_package_qualifies_against_its_checkpoint(variant: str, tmp_pat
     report = qualify(package, checkpoint, prompt_ids=PROMPT, steps=STEPS, output=tmp_path / "q")
     assert _statuses(report) == dict.fromkeys(VERDICTS, "PASS"), report.as_dict()
     assert "ModelOpt" in report.run["reference"]["weights"]
+    evidence = report.verdicts["numerical_parity"].evidence
+    assert evidence["not_compared"] == {}
+    for family in FAMILIES:
+        assert evidence["families"][family]["compared"] > 0, family
 
 
 def test_source_fidelity_counts_tensors_not_problems(gguf_package, tmp_path: Path) -> None:
@@ -108,3 +123,19 @@ def test_source_fidelity_counts_tensors_not_problems(gguf_package, tmp_path: Pat
     assert verdict.status == "FAIL"
     assert f"over the package's {total} source tensors" in verdict.summary, verdict.summary
     assert f"{verdict.evidence['checked']} of them compared" in verdict.summary
+
+
+def test_taps_by_scope_are_the_dense_builds_taps() -> None:
+    """On a dense build the scope rule finds exactly the values the name-for-name rule does."""
+    import onnx_ir as ir
+
+    from mobius_lite.configs.loader import load_text_config
+    from mobius_lite.enums import Precision
+    from mobius_lite.evaluation.instrument import _wanted_taps, scoped_taps
+    from mobius_lite.graphs.decoder import build_decoder
+
+    config = load_text_config(make_reference(dict(layers_block_type=GGUF_PATTERN)).config.to_dict())
+    wanted, _ = _wanted_taps(config, Precision.F32, False)
+    model, _ = build_decoder(config, Precision.F32)
+    found = scoped_taps(list(ir.to_proto(model).graph.node), config)
+    assert found == wanted and len(found) == len(GGUF_PATTERN) + 2 * GGUF_PATTERN.count("moe")
