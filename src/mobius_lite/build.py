@@ -32,6 +32,8 @@ from mobius_lite.tasks import (
 )
 from mobius_lite.tasks.options import ExportOptions
 
+MODULE_HINT = "Check that the config given belongs to this module's weights."
+
 
 def check_task(task: str | None, model_type: str | None = None) -> str:
     """The task to export: the one asked for, checked against the model type, or the model
@@ -106,7 +108,9 @@ def build(
         load_text_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
-    options = ExportOptions(precision, backend, dequantize, opened.unused_rules)
+    options = ExportOptions(
+        precision, backend, dequantize, opened.unused_rules, binding_hint=opened.binding_hint
+    )
     text_config, graphs, shared, config_json = package_graphs(
         opened.raw_config, source, opened.kind, options
     )
@@ -144,7 +148,7 @@ def build_from_module(
     check_task(task, raw.get("model_type"))
     source = MemorySource(checkpoint_state_dict(module))
     text_config, graphs, shared, config_json = package_graphs(
-        raw, source, SAFETENSORS, ExportOptions(precision, backend)
+        raw, source, SAFETENSORS, ExportOptions(precision, backend, binding_hint=MODULE_HINT)
     )
     return ModelPackage(
         config=text_config,
