@@ -97,6 +97,19 @@ def block_scope(layer: int) -> str:
     return f"backbone/layers.{layer}/"
 
 
+def _scope_kind(nodes: list[onnx.NodeProto], layer: int) -> LayerKind:
+    """The mixer kind block `layer` of a graph computes, read from the ops in its scope."""
+    scope = block_scope(layer)
+    ops = {n.op_type for n in nodes if n.name.startswith(scope)}
+    if "LinearAttention" in ops:
+        return LayerKind.MAMBA
+    if "Attention" in ops:
+        return LayerKind.ATTENTION
+    if any(n.name.startswith(router_scope(layer)) and n.op_type == "TopK" for n in nodes):
+        return LayerKind.MOE
+    return LayerKind.MLP
+
+
 def scoped_taps(
     nodes: list[onnx.NodeProto], config: NemotronHConfig
 ) -> dict[str, tuple[str, str, int]]:
@@ -104,10 +117,12 @@ def scoped_taps(
     (the last Add directly in the block's scope), each router's choice the last TopK in its
     scope (indices) and its scope's last node (weights). For a package whose nodes differ from
     this version's dense build (packed weight formats add nodes), where name-for-name matching
-    cannot work."""
+    cannot work; a block whose ops are not those of its configured kind gets no tap."""
     wanted: dict[str, tuple[str, str, int]] = {}
     for layer in config.layers:
         scope = block_scope(layer.index)
+        if _scope_kind(nodes, layer.index) is not layer.kind:
+            continue  # not the block the config describes: tapping it would compare the wrong
         direct = [
             n
             for n in nodes
