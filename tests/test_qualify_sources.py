@@ -64,6 +64,19 @@ def test_gguf_package_qualifies_against_its_gguf(gguf_package, tmp_path: Path) -
     assert saved["run"]["source"] == str(path.resolve())
 
 
+def test_cli_qualifies_a_gguf_package_against_the_file_its_manifest_records(
+    gguf_package, tmp_path: Path, capsys
+) -> None:
+    path, package, _ = gguf_package
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert manifest["source"]["model"] == str(path.resolve())
+    out = tmp_path / "q"
+    code = main(["qualify", str(package), "--steps", "1", "--output", str(out), "--quiet"])
+    assert code == 0, capsys.readouterr()
+    report = json.loads((out / "report.json").read_text())
+    assert {name: report[name]["status"] for name in VERDICTS} == dict.fromkeys(VERDICTS, "PASS")
+
+
 def test_gguf_package_against_the_original_checkpoint_names_the_field(
     gguf_package, tmp_path: Path, capsys
 ) -> None:
