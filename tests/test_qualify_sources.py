@@ -48,33 +48,27 @@ def _statuses(report) -> dict[str, str]:
     return {name: report.verdicts[name].status for name in VERDICTS}
 
 
-def test_gguf_package_qualifies_against_its_gguf(gguf_package, tmp_path: Path) -> None:
-    path, package, _ = gguf_package
-    report = qualify(package, path, prompt_ids=PROMPT, steps=STEPS, output=tmp_path / "q")
-    assert _statuses(report) == dict.fromkeys(VERDICTS, "PASS"), report.as_dict()
-    assert report.verdicts["source_fidelity"].evidence["checked"] > 0
-    families = report.verdicts["numerical_parity"].evidence["families"]
-    for family in FAMILIES:
-        assert families[family]["compared"] > 0 and families[family]["failed"] == 0, family
-    assert "gguf-py" in report.run["reference"]["weights"]
-    # the packed graph has nodes a dense build has not: its taps are found by scope, all of them
-    assert report.verdicts["numerical_parity"].evidence["not_compared"] == {}
-    assert families["hidden_states"]["compared"] == len(GGUF_PATTERN) * (STEPS + 1)
-    saved = json.loads((tmp_path / "q" / "report.json").read_text())
-    assert saved["run"]["source"] == str(path.resolve())
-
-
-def test_cli_qualifies_a_gguf_package_against_the_file_its_manifest_records(
-    gguf_package, tmp_path: Path, capsys
-) -> None:
+def test_gguf_package_qualifies_against_its_gguf(gguf_package, tmp_path: Path, capsys) -> None:
+    """`mobius qualify PKG` with no --source: the manifest records the .gguf."""
     path, package, _ = gguf_package
     manifest = json.loads((package / "manifest.json").read_text())
     assert manifest["source"]["model"] == str(path.resolve())
     out = tmp_path / "q"
-    code = main(["qualify", str(package), "--steps", "1", "--output", str(out), "--quiet"])
+    args = ["qualify", str(package), "--prompt-ids", ",".join(map(str, PROMPT))]
+    code = main([*args, "--steps", str(STEPS), "--output", str(out), "--quiet"])
     assert code == 0, capsys.readouterr()
     report = json.loads((out / "report.json").read_text())
     assert {name: report[name]["status"] for name in VERDICTS} == dict.fromkeys(VERDICTS, "PASS")
+    assert report["source_fidelity"]["evidence"]["checked"] > 0
+    parity = report["numerical_parity"]["evidence"]
+    for family in FAMILIES:
+        compared = parity["families"][family]["compared"]
+        assert compared > 0 and parity["families"][family]["failed"] == 0, family
+    # the packed graph has nodes a dense build has not: its taps are found by scope, all of them
+    assert parity["not_compared"] == {}
+    assert parity["families"]["hidden_states"]["compared"] == len(GGUF_PATTERN) * (STEPS + 1)
+    assert "gguf-py" in report["run"]["reference"]["weights"]
+    assert report["run"]["source"] == str(path.resolve())
 
 
 def test_gguf_package_against_the_original_checkpoint_names_the_field(
