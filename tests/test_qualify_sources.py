@@ -71,6 +71,23 @@ def test_gguf_package_qualifies_against_its_gguf(gguf_package, tmp_path: Path, c
     assert report["run"]["source"] == str(path.resolve())
 
 
+def test_tied_gguf_qualifies(tmp_path: Path) -> None:
+    """A GGUF without `output` (the converter drops it when it equals token_embd): the
+    reference computes its logits with token_embd too, as llama.cpp does."""
+    import gguf
+    import torch
+
+    model = make_reference(dict(layers_block_type=["mamba", "attention"], chunk_size=4), seed=3)
+    model.config.tie_word_embeddings = True
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.model.embeddings.weight)
+    (path,) = write_gguf(tmp_path / "tied.gguf", model, "nemotron_h", {r".": "Q8_0"})
+    assert all(not t.name.startswith("output.") for t in gguf.GGUFReader(path).tensors)
+    assert main(["build", "--model", str(path), "--output", str(tmp_path / "pkg"), "-q"]) == 0
+    report = qualify(tmp_path / "pkg", path, prompt_ids=PROMPT, steps=1, output=tmp_path / "q")
+    assert _statuses(report) == dict.fromkeys(VERDICTS, "PASS"), report.as_dict()
+
+
 def test_gguf_package_against_the_original_checkpoint_names_the_field(
     gguf_package, tmp_path: Path, capsys
 ) -> None:

@@ -6,7 +6,8 @@ with the released tensor names, so that the same transformers model runs on the 
 package's packed weights hold:
 - a GGUF file (or split set): every tensor dequantized by gguf-py (`gguf.quants.dequantize`),
   then the converter's changes undone (models/nemotron_h_gguf.py records them: A = -exp(A_log)
-  back to A_log, reshapes, the per-head q/k row order, stacked experts split per expert);
+  back to A_log, reshapes, the per-head q/k row order, stacked experts split per expert, a
+  dropped `output` restored as token_embd);
 - a ModelOpt checkpoint: NVFP4 and FP8 weights decoded by the numpy reference decodes
   (formats/modelopt), activation / KV scales dropped as the export drops them.
 The decoded checkpoint takes as much disk as the model in FP32, and is removed afterwards.
@@ -33,6 +34,8 @@ GGUF_SOURCE = "gguf"
 MODELOPT_SOURCE = "modelopt"
 DENSE_FILE = "model.safetensors"
 MAX_DIFFERENCES = 3
+LM_HEAD = "lm_head.weight"
+EMBEDDINGS = "backbone.embeddings.weight"
 
 
 def source_kind(source: Path) -> str:
@@ -158,6 +161,10 @@ def _gguf_dense(path: Path) -> dict[str, np.ndarray]:
                 out[f"{prefix}.{expert}.{proj}.weight"] = np.ascontiguousarray(matrix)
         else:
             out[name] = values
+    if LM_HEAD not in out and EMBEDDINGS in out:
+        # the converter drops `output` when it equals token_embd (llama.cpp then computes the
+        # logits with token_embd); transformers would initialise a missing lm_head at random
+        out[LM_HEAD] = out[EMBEDDINGS].copy()
     return out
 
 
