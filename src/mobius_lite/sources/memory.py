@@ -41,9 +41,11 @@ def checkpoint_state_dict(module: Any) -> dict[str, Any]:
         return state
     if not isinstance(module, PreTrainedModel):
         return state
-    from transformers.core_model_loading import revert_weight_conversion
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
-
+    try:  # transformers 5.x's save path; older versions keep the checkpoint names in memory
+        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    except ImportError:
+        return state
     for key in module._keys_to_ignore_on_save or ():
         state.pop(key, None)
     state = remove_tied_weights_from_state_dict(state, module)
