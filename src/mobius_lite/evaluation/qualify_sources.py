@@ -27,11 +27,10 @@ from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.errors import ConfigError
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.sources.config_json import read_config_json
-from mobius_lite.sources.open import is_gguf, is_modelopt
+from mobius_lite.sources.open import GGUF, MODELOPT, SAFETENSORS, is_gguf, is_modelopt
 
-SAFETENSORS_SOURCE = "safetensors"
-GGUF_SOURCE = "gguf"
-MODELOPT_SOURCE = "modelopt"
+# the source kinds of sources/open.py, as the reference reads them
+SAFETENSORS_SOURCE, GGUF_SOURCE, MODELOPT_SOURCE = SAFETENSORS, GGUF, MODELOPT
 DENSE_FILE = "model.safetensors"
 MAX_DIFFERENCES = 3
 LM_HEAD = "lm_head.weight"
