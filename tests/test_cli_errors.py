@@ -180,6 +180,18 @@ def test_missing_optional_package_names_it_and_its_extra(
     assert_one_line(code, err, args[0], f"needs {pip}", "pip install 'mobius-lite[runtime]'")
 
 
+@pytest.mark.parametrize("module", ["torch", "transformers"])
+def test_qualify_without_the_reference_packages(
+    module, package, checkpoint, tmp_path, monkeypatch, capsys
+):
+    """Before: qualify ran the package, then reported NOT_RUN verdicts and exited 0."""
+    monkeypatch.setitem(sys.modules, module, None)
+    args = ["qualify", str(package), "--source", str(checkpoint), "--output", str(tmp_path / "q")]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line(code, err, "qualify", f"needs {module}", "mobius-lite[reference]")
+    assert not (tmp_path / "q").exists()
+
+
 def test_missing_pillow_for_an_image(tmp_path, monkeypatch) -> None:
     from mobius_lite.media.image import load_image
 

@@ -57,7 +57,7 @@ def input_dtypes(session: Any) -> dict[str, np.dtype]:
 
 def ort_module() -> Any:
     """onnxruntime, or one clear error naming the extra that brings it."""
-    return require("onnxruntime", "run a package")
+    return require("onnxruntime", "running a package")
 
 
 @dataclass(frozen=True)
