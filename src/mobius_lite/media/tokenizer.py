@@ -66,7 +66,8 @@ def vocabulary_mismatch(tokenizer_json: Path | bytes, vocab_size: int) -> str | 
     more = f" and {len(beyond) - 3} more" if len(beyond) > 3 else ""
     return (
         f"the tokenizer has {max(tokens) + 1} token ids but the model's vocabulary has "
-        f"{vocab_size}: {len(beyond)} of its tokens ({shown}{more}) have no embedding, and "
+        f"{vocab_size}: {len(beyond)} of its tokens ({shown}{more}) "
+        f"{'has' if len(beyond) == 1 else 'have'} no embedding, and "
         "generate refuses a prompt that contains one; check that tokenizer.json belongs to "
         "this checkpoint"
     )
