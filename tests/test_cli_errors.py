@@ -81,18 +81,20 @@ def damaged(package: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("how", ["data-missing", "data-truncated", "graph-missing", "graph-cut"])
-@pytest.mark.parametrize("command", ["generate", "verify", "inspect"])
+@pytest.mark.parametrize("command", ["generate", "verify", "inspect", "qualify"])
 def test_incomplete_package_is_one_clear_error(
     command, how, package, checkpoint, tmp_path, capsys
 ) -> None:
     """Before: generate raised onnxruntime's Fail / NoSuchFile / InvalidProtobuf traceback,
     verify a FileNotFoundError or DecodeError traceback (or 34 MISMATCH lines for a cut data
-    file), inspect exited 0. Now the shared package reader says what is missing first."""
+    file), inspect exited 0, qualify ran and reported failed verdicts. Now the shared package
+    reader says what is missing first."""
     broken, expected = damaged(package, tmp_path, how)
     args = {
         "generate": ["generate", str(broken), "--prompt", "w1", "--ids"],
         "verify": ["verify", str(broken), "--source", str(checkpoint), "-q"],
         "inspect": ["inspect", str(broken)],
+        "qualify": ["qualify", str(broken), "--source", str(checkpoint), "-q"],
     }[command]
     code, _, err = run_cli(args, capsys)
     if command == "inspect" and how.startswith("graph"):
