@@ -47,6 +47,10 @@ from mobius_lite.weights.verify import verify_package
 from nemotron_reference import make_reference
 from parity import drive_parity
 
+# end-to-end: builds packages and runs them against their reference (`-m "not slow"`
+# leaves them out of a quick run)
+pytestmark = pytest.mark.slow
+
 DENSE_TYPES = ("F32", "F16", "BF16")
 ALL_TYPES = set(GGML_TYPES)
 
