@@ -407,13 +407,15 @@ def test_build_from_module_binds_the_transformers_names(exported, tmp_path: Path
     assert source["initializer"] == "vision_model.encoder.layer.0.attention.qkv.weight"
     # ... and the in-memory layout still binds, q_proj / k_proj / v_proj concatenated
     from mobius_lite.build import package_graphs
+    from mobius_lite.configs.model_types import read_config
     from mobius_lite.enums import GraphRole
     from mobius_lite.sources import MemorySource
     from mobius_lite.tasks.options import ExportOptions
 
-    _, graphs, _, _ = package_graphs(
-        model.config.to_dict(), MemorySource(model.state_dict()), "safetensors", ExportOptions()
-    )
+    model_type, parsed = read_config(model.config.to_dict())
+    graphs = package_graphs(
+        model_type, parsed, MemorySource(model.state_dict()), ExportOptions()
+    ).graphs
     vision = next(g for g in graphs if g.role is GraphRole.VISION_ENCODER)
     qkv = vision.plan.by_target()["vision_model.encoder.layer.0.attention.qkv.weight"]
     assert qkv.transform == "concat" and qkv.sources[0].endswith("attention.q_proj.weight")
