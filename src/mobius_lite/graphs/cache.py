@@ -15,13 +15,17 @@ from mobius_lite.enums import LayerKind, StateRole
 
 BATCH = "batch"
 PAST = "past_sequence"
+# The cache scope of the multi-token-prediction head's layer i: past_key_values.mtp.{i}.key
+MTP_SCOPE = "mtp"
 
 
 @dataclass(frozen=True)
 class CacheTensor:
-    """One past_key_values.{layer}.{role} input and its present.{layer}.{role} output."""
+    """One past_key_values.{layer}.{role} input and its present.{layer}.{role} output.
 
-    layer: int
+    `layer` is the decoder's global layer index, or "mtp.{i}" for the head's layer i."""
+
+    layer: int | str
     role: StateRole
     dtype: ir.DataType
     past_shape: tuple[int | str, ...]
@@ -64,4 +68,22 @@ def cache_tensors(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[Cac
                     (BATCH, m.num_heads, m.ssm_state_size, m.head_dim),
                 )
             )
+    return out
+
+
+def mtp_layer_name(index: int) -> str:
+    """The cache layer name of the head's layer `index` (mtp.0 for its attention block)."""
+    return f"{MTP_SCOPE}.{index}"
+
+
+def mtp_cache_tensors(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[CacheTensor]:
+    """Every cache tensor of the multi-token-prediction head (config.mtp_layers), in layer
+    order: past_key_values.mtp.{i}.key / .value for each attention layer i of the head."""
+    out: list[CacheTensor] = []
+    for layer in layers:
+        if layer.kind is LayerKind.ATTENTION:
+            a = layer.attention
+            shape = (BATCH, a.num_kv_heads, PAST, a.head_dim)
+            name = mtp_layer_name(layer.index)
+            out += [CacheTensor(name, role, dtype, shape) for role in layer.kind.states]
     return out
