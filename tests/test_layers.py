@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),
     ("graphs",),
     ("weights",),
-    ("package", "genai_config", "runtime", "omni_runtime", "media", "routes"),
+    ("package", "genai_config", "runtime", "omni_runtime", "speculative", "media", "routes"),
     ("tasks",),
     ("build",),
     ("evaluation",),

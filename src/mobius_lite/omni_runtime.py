@@ -22,6 +22,7 @@ from mobius_lite.errors import MobiusError
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.runtime import CPU, DecoderSession, quiet_options
 from mobius_lite.sources.config_json import read_config_json
+from mobius_lite.speculative import SpeculationStats, open_head, speculative_greedy
 
 IMAGE_FEATURES = "image_features"
 AUDIO_FEATURES = "audio_features"
@@ -203,6 +204,28 @@ class OmniSession:
                 break
             outputs.append(self.decoder.step(self.embed(np.array([[token]]))))
         return tokens, outputs
+
+    def generate_speculative(
+        self, input_ids: np.ndarray, media: Media | None, max_new_tokens: int, k: int
+    ) -> tuple[list[int], list[dict[str, np.ndarray]], SpeculationStats]:
+        """`generate`'s greedy tokens, drafted `k` at a time by the package's MTP head and
+        verified by the decoder (speculative.py); also the draft counts."""
+        head = open_head(self.directory, self.config.text, self.providers)
+        prepared = self.prepare(input_ids, media)
+        eos = self.config.text.eos_token_id
+        outputs: list[dict[str, np.ndarray]] = []
+        tokens, stats = speculative_greedy(
+            self.decoder,
+            head,
+            prepared.input_ids,
+            max_new_tokens,
+            k,
+            prompt_input=prepared.inputs_embeds,
+            decoder_input=self.embed,
+            stops=set(eos) if isinstance(eos, (list, tuple)) else {eos},
+            outputs=outputs,
+        )
+        return tokens[0], outputs, stats
 
 
 def _check_count(modality: str, token: int | None, placeholders: int, rows: int) -> None:

@@ -55,6 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="onnxruntime execution provider (default: %(default)s)",
     )
     p.add_argument("--ids", action="store_true", help="print the token ids, not the text")
+    p.add_argument(
+        "--speculative",
+        type=int,
+        default=0,
+        metavar="K",
+        help="draft K tokens a round with the package's MTP head (mtp.onnx) and verify them in "
+        "one decoder call; the tokens are the same as without it (default: off)",
+    )
     p.set_defaults(run=run)
 
 
@@ -78,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{package} is not a package (no {CONFIG_FILE})")
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, found {args.max_new_tokens}")
+    if args.speculative < 0:
+        raise ConfigError(
+            f"--speculative must be >= 1 draft tokens (or 0: off), found {args.speculative}"
+        )
     providers = session_providers(args.ep)
     tokenizer = _tokenizer(package)
     raw = read_config_json(package)
@@ -96,8 +108,21 @@ def _text(args, package: Path, tokenizer, providers: list[str], raw: dict) -> li
     from mobius_lite.runtime import DecoderSession
 
     config = load_text_config(raw)
+    head = None
+    if args.speculative:
+        from mobius_lite.speculative import open_head
+
+        head = open_head(package, config, providers)
     session = DecoderSession(package / "model.onnx", config, providers=providers)
     ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
+    if head is not None:
+        from mobius_lite.speculative import speculative_greedy
+
+        tokens, stats = speculative_greedy(
+            session, head, ids, args.max_new_tokens, args.speculative
+        )
+        _report(stats)
+        return tokens[0]
     out = session.step(ids, logits_to_keep=1)  # greedy needs the last position only
     tokens: list[int] = []
     for _ in range(args.max_new_tokens):
@@ -134,5 +159,20 @@ def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
     text = expand(args.prompt, image_tokens, audio_tokens)
     ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
     print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
+    if args.speculative:
+        tokens, _, stats = session.generate_speculative(
+            ids, media, args.max_new_tokens, args.speculative
+        )
+        _report(stats)
+        return tokens
     tokens, _ = session.generate(ids, media, args.max_new_tokens)
     return tokens
+
+
+def _report(stats) -> None:
+    """The draft counts of --speculative, on stderr (stdout holds only the continuation)."""
+    print(
+        f"speculative: {stats.proposed} drafts proposed, {stats.accepted} accepted "
+        f"({100 * stats.acceptance_rate:.1f}%) in {stats.rounds} verifying calls",
+        file=sys.stderr,
+    )
