@@ -73,15 +73,12 @@ def run_package(
     work: Path, threads: int, prompt: list[int], decode: int, backend: str
 ) -> dict[str, Any]:
 
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     package = package_dir(work, backend)
     options = session_options(threads)
     start = time.perf_counter()
-    session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-    )
+    session = DecoderSession(package / "model.onnx", session_options=options)
     load = time.perf_counter() - start
 
     def prefill(ids: list[int]) -> int:

@@ -143,15 +143,12 @@ def peak_rss_mib() -> float:
 def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repeats: int) -> dict:
     """Run in a fresh process (--child): session creation, prefill, decode; peak RSS."""
 
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     options = session_options(threads)
     before = rss_mib()
     start = time.perf_counter()
-    session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-    )
+    session = DecoderSession(package / "model.onnx", session_options=options)
     created = time.perf_counter() - start
     after_session = rss_mib() - before
 

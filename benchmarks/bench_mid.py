@@ -107,7 +107,6 @@ def bench_onnxruntime(
 ) -> dict:
     import onnx
 
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     graph = onnx.load(str(package / "model.onnx"), load_external_data=False)
@@ -118,10 +117,9 @@ def bench_onnxruntime(
         for a in n.attribute
         if a.type == onnx.AttributeProto.GRAPH
     )
-    config = NemotronHConfig.from_file(package)
     options = session_options(threads)
     start = time.perf_counter()
-    session = DecoderSession(package / "model.onnx", config, session_options=options)
+    session = DecoderSession(package / "model.onnx", session_options=options)
     created = time.perf_counter() - start
 
     def prefill():

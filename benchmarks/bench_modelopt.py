@@ -101,7 +101,7 @@ def bench_decode(package: Path, threads: int, decode_tokens: int) -> dict:
     config = NemotronHConfig.from_file(package)
     options = session_options(threads)
     start = time.perf_counter()
-    session = DecoderSession(package / "model.onnx", config, session_options=options)
+    session = DecoderSession(package / "model.onnx", session_options=options)
     created = time.perf_counter() - start
     prompt = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 16))
     session.reset(1)

@@ -211,13 +211,12 @@ def export(checkpoint: Path, output: Path, backend: str) -> dict:
 def run_session(package: Path, raw: dict[str, Any], threads: int) -> dict:
     import onnxruntime as ort
 
-    from mobius_lite.configs.loader import load_text_config
     from mobius_lite.runtime import DecoderSession
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     start = time.perf_counter()
-    session = DecoderSession(package / "model.onnx", load_text_config(raw), session_options=options)
+    session = DecoderSession(package / "model.onnx", session_options=options)
     created = time.perf_counter() - start
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, raw["vocab_size"], size=(1, 16)).astype(np.int64)

@@ -44,16 +44,12 @@ def build(checkpoint: Path, output: Path, backend: str) -> Path:
 
 def run(package: Path, prompt: np.ndarray, tokens: list[int] | None) -> list[np.ndarray]:
     """Logits at prefill and STEPS cached steps; fed `tokens` when given, else its own."""
-    import onnx_ir as ir
     import onnxruntime as ort
 
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     session = DecoderSession(
         package / "model.onnx",
-        NemotronHConfig.from_file(package),
-        ir.DataType.FLOAT16,
         providers=["CUDAExecutionProvider"],
         session_options=ort.SessionOptions(),
     )

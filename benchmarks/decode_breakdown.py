@@ -207,7 +207,7 @@ def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode:
     from mobius_lite.runtime import DecoderSession
 
     config = NemotronHConfig.from_file(config_dir)
-    session = DecoderSession(path / "model.onnx", config, session_options=session_options(threads))
+    session = DecoderSession(path / "model.onnx", session_options=session_options(threads))
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, prompt))
     prefill = {}
     for keep in (0, 1, 0, 1):

@@ -107,14 +107,11 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
 def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-    )
+    session = DecoderSession(package / "model.onnx", session_options=options)
     out = session.step(np.array([prompt], dtype=np.int64))
     logits = [out["logits"][0, -1].astype(np.float32)]
     tokens = [int(logits[-1].argmax())]

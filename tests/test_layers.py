@@ -15,7 +15,7 @@ ROOT = Path(mobius_lite.__file__).parent
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("enums", "errors", "layout", "sizes", "hashing", "registry", "version"),
+    ("enums", "errors", "layout", "sizes", "hashing", "registry", "version", "optional"),
     ("formats",),
     ("sources",),
     ("configs",),
@@ -23,7 +23,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),
     ("graphs",),
     ("weights",),
-    ("package", "genai_config", "runtime", "omni_runtime", "speculative", "media", "routes"),
+    (
+        "package",
+        "package_reader",
+        "genai_config",
+        "runtime",
+        "omni_runtime",
+        "speculative",
+        "media",
+        "routes",
+    ),
     ("tasks",),
     ("build",),
     ("evaluation",),

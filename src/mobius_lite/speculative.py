@@ -18,22 +18,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import onnx_ir as ir
 
-from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import ConfigError, PackageError
-from mobius_lite.graphs.cache import BATCH, PAST, mtp_cache_tensors
-from mobius_lite.runtime import CPU, DecoderSession, quiet_options
+from mobius_lite.runtime import DecoderSession, cache_inputs, create_session, input_dtypes
 
 HIDDEN_STATES = "hidden_states"
 MTP_HIDDEN_STATES = "mtp_hidden_states"
-# onnxruntime's element type strings for the floating types a package can use
-ORT_FLOAT_TYPES = {
-    "tensor(float)": ir.DataType.FLOAT,
-    "tensor(float16)": ir.DataType.FLOAT16,
-    "tensor(bfloat16)": ir.DataType.BFLOAT16,
-}
 
 
 class DraftHead(Protocol):
@@ -61,40 +52,29 @@ class DraftHead(Protocol):
 class MtpHead:
     """An onnxruntime session over a package's mtp.onnx that carries the head's KV cache.
 
-    Input element types are read from the session, so an FP16 head gets FP16 hidden states.
+    Cache inputs and element types are read from the session (runtime.cache_inputs), so an
+    FP16 head gets FP16 hidden states.
     """
 
     def __init__(
         self,
         model: str | Path | bytes,
-        config: NemotronHConfig,
         providers: list[str] | None = None,
         session_options: Any = None,
     ) -> None:
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(
-            model if isinstance(model, bytes) else str(model),
-            sess_options=quiet_options(session_options),
-            providers=providers or [CPU],
-        )
-        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.session = create_session(model, providers, session_options)
+        self.inputs = input_dtypes(self.session)
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.cache = mtp_cache_tensors(config.mtp_layers, ir.DataType.FLOAT)
-        wanted_inputs = {"input_ids", HIDDEN_STATES, "attention_mask"}
-        wanted_inputs |= {c.past_name for c in self.cache}
-        wanted_outputs = {"logits", MTP_HIDDEN_STATES, *(c.present_name for c in self.cache)}
-        missing = sorted(wanted_inputs - set(inputs)) + sorted(
-            wanted_outputs - set(self.output_names)
-        )
-        if missing:
+        self.cache = cache_inputs(self.session)
+        wanted = {"input_ids", HIDDEN_STATES, "attention_mask"} - set(self.inputs)
+        wanted |= {"logits", MTP_HIDDEN_STATES} - set(self.output_names)
+        if wanted or not self.cache:
             where = "the head graph" if isinstance(model, bytes) else str(model)
+            missing = ", ".join(sorted(wanted)) or "a past_key_values.mtp.* cache input"
             raise PackageError(
-                f"{where} lacks {', '.join(missing)} of the MTP head contract "
-                "(docs/decoder_contract.md); rebuild the package with this version of mobius"
+                f"{where} lacks {missing} of the MTP head contract (docs/decoder_contract.md); "
+                "rebuild the package with this version of mobius"
             )
-        self.hidden_dtype = _numpy_type(inputs[HIDDEN_STATES].type)
-        self.cache_dtypes = {c.past_name: _numpy_type(inputs[c.past_name].type) for c in self.cache}
         self.past: dict[str, np.ndarray] = {}
         self.mask = np.zeros((0, 0), dtype=np.int64)
 
@@ -103,10 +83,7 @@ class MtpHead:
         return int(self.mask.shape[1])
 
     def reset(self, batch: int) -> None:
-        self.past = {}
-        for c in self.cache:
-            shape = [batch if d == BATCH else 0 if d == PAST else int(d) for d in c.past_shape]
-            self.past[c.past_name] = np.zeros(shape, dtype=self.cache_dtypes[c.past_name])
+        self.past = {c.past_name: c.empty(batch) for c in self.cache}
         self.mask = np.zeros((batch, 0), dtype=np.int64)
 
     def step(
@@ -115,7 +92,7 @@ class MtpHead:
         self.mask = np.concatenate([self.mask, np.asarray(attention_mask, np.int64)], axis=1)
         feeds = {
             "input_ids": np.asarray(input_ids, np.int64),
-            HIDDEN_STATES: np.asarray(hidden_states, self.hidden_dtype),
+            HIDDEN_STATES: np.asarray(hidden_states).astype(self.inputs[HIDDEN_STATES], copy=False),
             "attention_mask": self.mask,
             **self.past,
         }
@@ -124,25 +101,22 @@ class MtpHead:
         return results["logits"], results[MTP_HIDDEN_STATES]
 
     def truncate(self, length: int) -> None:
-        # every head cache is attention K/V: [batch, kv_heads, sequence, head_dim]
+        # the head's caches are attention K/V: [batch, kv_heads, sequence, head_dim]
         self.past = {name: value[:, :, :length] for name, value in self.past.items()}
         self.mask = self.mask[:, :length]
 
 
 def open_head(
-    package_dir: str | Path,
-    config: NemotronHConfig,
-    providers: list[str] | None = None,
-    session_options: Any = None,
+    package_dir: str | Path, providers: list[str] | None = None, session_options: Any = None
 ) -> MtpHead:
     """The package's MTP head; a ConfigError naming the fix when the package has none."""
     path = Path(package_dir) / GraphRole.MTP.file_name
-    if not path.is_file() or not config.has_mtp_head:
+    if not path.is_file():
         raise ConfigError(
             f"{package_dir} has no {GraphRole.MTP.file_name}: its checkpoint has no "
             "multi-token-prediction head, so it cannot draft; drop --speculative"
         )
-    return MtpHead(path, config, providers, session_options)
+    return MtpHead(path, providers, session_options)
 
 
 @dataclass
@@ -307,9 +281,3 @@ def _hidden(out: dict[str, np.ndarray], positions: int) -> np.ndarray:
             f"{positions}; the head needs every fed position"
         )
     return hidden[:, hidden.shape[1] - positions :]
-
-
-def _numpy_type(ort_type: str) -> Any:
-    if ort_type not in ORT_FLOAT_TYPES:
-        raise PackageError(f"the head graph has an input of type {ort_type}; expected a float")
-    return ORT_FLOAT_TYPES[ort_type].numpy()

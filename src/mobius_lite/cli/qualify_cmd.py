@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from mobius_lite.cli import COMMANDS
 from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.qualify import DEFAULT_STEPS
@@ -25,7 +26,7 @@ EPILOG = textwrap.dedent(
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "qualify",
-        help="check a package against its source checkpoint: four separate verdicts",
+        help=COMMANDS["qualify"],
         description="Run PACKAGE in onnxruntime and the source checkpoint in transformers "
         "(torch FP32) on the same prompt: prefill, then --steps cached greedy decode steps, each "
         "side fed its own previous token and state. Writes report.json (graph_validity, "

@@ -77,7 +77,7 @@ def run_heads(
     ours: dict[str, np.ndarray] = {}
     reference: dict[str, np.ndarray] = {}
     try:
-        head = MtpHead(package_dir / GraphRole.MTP.file_name, config, providers)
+        head = MtpHead(package_dir / GraphRole.MTP.file_name, providers)
         head.reset(1)
         for step, (ids, hidden) in zip(steps, feeds, strict=True):
             logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
@@ -103,7 +103,7 @@ def run_heads(
     except Exception as exc:
         facts["reference_error"] = f"{type(exc).__name__}: {exc}"[:1000]
 
-    decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, config, providers=providers)
+    decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
     drafted, stats = speculative_greedy(
         decoder, head, np.array([prompt], np.int64), len(tokens), SPECULATIVE_K
     )
