@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.configs.layers import AttentionSpec, LayerSpec, MambaSpec, MLPSpec, MoESpec
+from mobius_lite.configs.layers import (
+    MTP_SCOPE,
+    AttentionSpec,
+    LayerSpec,
+    MambaSpec,
+    MLPSpec,
+    MoESpec,
+)
 from mobius_lite.configs.values import (
     decode_float,
     encode_float,
@@ -154,12 +161,7 @@ class NemotronHConfig:
         object.__setattr__(
             self, "layers", tuple(self.layer_spec(i, k) for i, k in enumerate(kinds))
         )
-        heads = self.num_nextn_predict_layers
-        object.__setattr__(
-            self,
-            "mtp_layers",
-            tuple(self.mtp_layer_spec(i, k) for i, k in enumerate(mtp_kinds)) if heads else (),
-        )
+        object.__setattr__(self, "mtp_layers", self.resolve_mtp_layers())
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -284,10 +286,17 @@ class NemotronHConfig:
             self._validate_moe(spec, where)
         return LayerSpec(index=index, kind=kind, mixer=spec)
 
+    def resolve_mtp_layers(self) -> tuple[LayerSpec, ...]:
+        """The head's blocks, or () when the config declares no head."""
+        if not self.num_nextn_predict_layers:
+            return ()
+        return tuple(self.mtp_layer_spec(i, k) for i, k in enumerate(self.mtp_layers_block_type))
+
     def mtp_layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
         """Resolve the head's block `index` (mtp.layers.{index}): the global sizes, with
         optional overrides (Puzzle's mtp_block_configs)."""
-        return NemotronHConfig.layer_spec(self, index, kind, **overrides)
+        spec = NemotronHConfig.layer_spec(self, index, kind, **overrides)
+        return dataclasses.replace(spec, scope=MTP_SCOPE)
 
     @property
     def has_mtp_head(self) -> bool:

@@ -42,6 +42,7 @@ from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
 from mobius_lite.tasks.options import ExportOptions
+from mobius_lite.tasks.text_generation import shared_sources
 from mobius_lite.weights.binding import (
     bind_model,
     graph_parameters,
@@ -136,13 +137,3 @@ def omni_graphs(
         *(_bind(role, model, source, tower_names, rules) for role, model in towers),
     ]
     return OmniGraphs(config, graphs, shared_sources(graphs))
-
-
-def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
-    """The source tensors bound in several graphs, with those graphs' roles (the declaration
-    the manifest requires for a tensor written once and used twice)."""
-    users: dict[str, list[str]] = {}
-    for record in graphs:
-        for name in record.plan.bound_sources:
-            users.setdefault(name, []).append(record.role.value)
-    return {name: roles for name, roles in users.items() if len(roles) > 1}

@@ -1,10 +1,12 @@
-"""text-generation: the Nemotron-H decoder graph (input_ids -> logits + cache)."""
+"""text-generation: the Nemotron-H decoder graph (input_ids -> logits + cache), and the
+multi-token-prediction head's graph (mtp.onnx) when the checkpoint holds the head."""
 
 from __future__ import annotations
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.graphs.decoder import build_decoder
+from mobius_lite.graphs.mtp import build_mtp
 from mobius_lite.models.nemotron_h_names import (
     logits_from_embeddings,
     source_layout,
@@ -16,6 +18,7 @@ from mobius_lite.sources.base import TensorSource
 from mobius_lite.tasks.options import ExportOptions
 from mobius_lite.weights.binding import (
     bind_model,
+    check_accounted,
     graph_parameters,
     plan_bindings,
 )
@@ -29,27 +32,59 @@ def text_generation_graphs(
     kind: str,
     options: ExportOptions | None = None,
 ) -> tuple[list[GraphRecord], dict[str, list[str]]]:
-    """The decoder, every parameter bound (lazily) to `source`; no tensor is shared.
+    """The decoder, every parameter bound (lazily) to `source`; with the MTP head (a config
+    that declares it and a source that holds it) also mtp.onnx, which shares the decoder's
+    embedding table and lm_head (declared shared, stored once).
 
     Packed source tensors keep their format (their storage proposes it) and compute with
     it on the options' backend, unless the options say dequantize.
     """
     options = options or ExportOptions()
     layout = source_layout(kind, source)
+    head = config.has_mtp_head and layout.mtp_head_present(source)
+    tied = logits_from_embeddings(config, layout.lm_head_present(source))
+    formats = options.weight_formats(source, layout.names)
+    rules = {**unused_tensor_rules(config, head_exported=head), **options.unused_rules}
     decoder, _ = build_decoder(
         config,
         options.precision,
-        logits_from_embeddings=logits_from_embeddings(config, layout.lm_head_present(source)),
-        weight_formats=options.weight_formats(source, layout.names),
+        final_hidden_output=head,
+        logits_from_embeddings=tied,
+        weight_formats=formats,
         backend=options.backend,
         mamba_a=layout.mamba_a,
     )
-    plan = plan_bindings(
-        graph_parameters(decoder),
-        source,
-        layout.names,
-        {**unused_tensor_rules(config), **options.unused_rules},
-    )
-    check_source_dtypes(plan.bindings)
-    bind_model(decoder, plan, source)
-    return [GraphRecord(GraphRole.DECODER, decoder, plan)], {}
+    models = [(GraphRole.DECODER, decoder)]
+    if head:
+        mtp, _ = build_mtp(
+            config,
+            options.precision,
+            logits_from_embeddings=tied,
+            weight_formats=formats,
+            backend=options.backend,
+        )
+        models.append((GraphRole.MTP, mtp))
+    plans = [
+        plan_bindings(
+            graph_parameters(model), source, layout.names, rules, account_for_all=not head
+        )
+        for _, model in models
+    ]
+    if head:
+        check_accounted(plans, source)
+    records = []
+    for (role, model), plan in zip(models, plans, strict=True):
+        check_source_dtypes(plan.bindings)
+        bind_model(model, plan, source)
+        records.append(GraphRecord(role, model, plan))
+    return records, shared_sources(records)
+
+
+def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
+    """The source tensors bound in several graphs, with those graphs' roles (the declaration
+    the manifest requires for a tensor written once and used twice)."""
+    users: dict[str, list[str]] = {}
+    for record in graphs:
+        for name in record.plan.bound_sources:
+            users.setdefault(name, []).append(record.role.value)
+    return {name: roles for name, roles in users.items() if len(roles) > 1}

@@ -153,6 +153,20 @@ def plan_bindings(
     return BindingPlan(bindings=bindings, unused=unused)
 
 
+def check_accounted(plans: list[BindingPlan], source: TensorSource) -> None:
+    """Raise unless every source tensor is bound or listed unused by one of `plans` (the
+    graphs of one package, each planned with account_for_all=False)."""
+    accounted: set[str] = set()
+    for plan in plans:
+        accounted |= plan.bound_sources | set(plan.unused)
+    leftover = sorted(set(source.names()) - accounted)
+    if leftover:
+        raise CheckpointError(
+            "the checkpoint does not match its config: tensors the config does not use: "
+            f"{format_names(leftover)}. Check that config.json belongs to these weights."
+        )
+
+
 def _bound_twice(bindings: list[Binding]) -> list[str]:
     """Sources feeding several parameters other than as distinct parts of one re-layout."""
     users: dict[str, list[Binding]] = {}

@@ -1,0 +1,246 @@
+"""Tiny checkpoints with a multi-token-prediction head, and the prefill + cached-steps driver
+that compares a package's decoder `hidden_states` with transformers and its mtp.onnx with
+the independent head reference (tests/mtp_reference.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from safetensors.numpy import load_file, save_file
+
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.evaluation.metrics import Comparison, compare
+from mobius_lite.graphs.cache import mtp_cache_tensors
+from mobius_lite.runtime import DecoderSession, empty_cache
+from mtp_reference import MTPHeadReference
+from nemotron_reference import make_reference, pinned_torch
+
+HEAD_PATTERN = ["linear_attention", "moe", "full_attention", "linear_attention"]
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """The head's sizes: attention heads and its MoE block's shape."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    experts: int
+    inner: int
+    shared_inner: int  # 0: no shared expert
+    latent: int | None = None
+
+
+def head_tensors(
+    shape: HeadShape, rng: np.random.Generator, prefix: str = ""
+) -> dict[str, np.ndarray]:
+    """Random head tensors under the released names (per-expert tensors), scaled like a
+    trained model's (weights ~ 1/sqrt(fan_in), norms near 1)."""
+    h = shape.hidden
+    moe_in = shape.latent or h
+
+    def weight(*dims: int) -> np.ndarray:
+        return (rng.standard_normal(dims) / np.sqrt(dims[-1])).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.2 * rng.standard_normal(h)).astype(np.float32)
+
+    m = "mtp.layers.1.mixer."
+    out = {
+        "mtp.layers.0.enorm.weight": norm(),
+        "mtp.layers.0.hnorm.weight": norm(),
+        "mtp.layers.0.eh_proj.weight": weight(h, 2 * h),
+        "mtp.layers.0.norm.weight": norm(),
+        "mtp.layers.0.mixer.q_proj.weight": weight(shape.heads * shape.head_dim, h),
+        "mtp.layers.0.mixer.k_proj.weight": weight(shape.kv_heads * shape.head_dim, h),
+        "mtp.layers.0.mixer.v_proj.weight": weight(shape.kv_heads * shape.head_dim, h),
+        "mtp.layers.0.mixer.o_proj.weight": weight(h, shape.heads * shape.head_dim),
+        "mtp.layers.1.norm.weight": norm(),
+        m + "gate.weight": weight(shape.experts, h),
+        m + "gate.e_score_correction_bias": (0.05 * rng.standard_normal(shape.experts)).astype(
+            np.float32
+        ),
+        "mtp.layers.1.final_layernorm.weight": norm(),
+    }
+    if shape.shared_inner:
+        out[m + "shared_experts.up_proj.weight"] = weight(shape.shared_inner, h)
+        out[m + "shared_experts.down_proj.weight"] = weight(h, shape.shared_inner)
+    if shape.latent:
+        out[m + "fc1_latent_proj.weight"] = weight(shape.latent, h)
+        out[m + "fc2_latent_proj.weight"] = weight(h, shape.latent)
+    for e in range(shape.experts):
+        out[f"{m}experts.{e}.up_proj.weight"] = weight(shape.inner, moe_in)
+        out[f"{m}experts.{e}.down_proj.weight"] = weight(moe_in, shape.inner)
+    return {prefix + name: value for name, value in out.items()}
+
+
+def global_head_shape(hf_config: Any) -> HeadShape:
+    """The head of a Nemotron-H config: the backbone's attention and MoE sizes."""
+    c = hf_config
+    return HeadShape(
+        hidden=c.hidden_size,
+        heads=c.num_attention_heads,
+        kv_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        experts=c.n_routed_experts,
+        inner=c.moe_intermediate_size,
+        shared_inner=c.moe_shared_expert_intermediate_size if c.n_shared_experts else 0,
+        latent=c.moe_latent_size,
+    )
+
+
+def write_nemotron_h_mtp_checkpoint(
+    directory: Path, overrides: dict[str, Any] | None = None, seed: int = 0
+) -> tuple[Path, Any, dict[str, np.ndarray]]:
+    """A transformers checkpoint (save_pretrained) declaring one head, with the head's
+    `mtp.*` tensors added to model.safetensors. Returns (dir, reference model, head tensors)."""
+    overrides = {"layers_block_type": HEAD_PATTERN, **(overrides or {})}
+    model = make_reference({**overrides, "num_nextn_predict_layers": 1}, seed)
+    model.save_pretrained(directory)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(seed + 100))
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    save_file({**tensors, **head}, path, metadata={"format": "pt"})
+    return directory, model, head
+
+
+def head_reference(
+    model: Any,
+    head: dict[str, np.ndarray],
+    moe_config: Any = None,
+    prefix: str = "mtp.layers.",
+) -> MTPHeadReference:
+    """The head reference with the decoder model's embedding table and lm_head."""
+    return MTPHeadReference(
+        head,
+        model.config,
+        moe_config if moe_config is not None else model.config,
+        model.model.embeddings.weight.detach().numpy(),
+        model.lm_head.weight.detach().numpy(),
+        prefix=prefix,
+    )
+
+
+class HeadSession:
+    """mtp.onnx with its own cache (the runtime side lives in runtime.py; this is the
+    tests' minimal stepper)."""
+
+    def __init__(self, path: Path, config: NemotronHConfig) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        self.cache = mtp_cache_tensors(config, ir.DataType.FLOAT)
+        self.past: dict[str, np.ndarray] | None = None
+
+    def step(self, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+        if self.past is None:
+            self.past = empty_cache(self.cache, ids.shape[0])
+        feeds = {"input_ids": ids, "hidden_states": hidden, "attention_mask": mask, **self.past}
+        names = [o.name for o in self.session.get_outputs()]
+        out = dict(zip(names, self.session.run(None, feeds), strict=True))
+        self.past = {c.past_name: out[c.present_name] for c in self.cache}
+        return out
+
+
+def _final_norm_hook(model: Any, captured: list[torch.Tensor]):
+    norm = model.model.norm_f
+    return norm.register_forward_hook(lambda _m, _i, out: captured.append(out.detach()))
+
+
+def drive_head_parity(
+    model: Any,
+    reference: MTPHeadReference,
+    package_dir: Path,
+    config: NemotronHConfig,
+    *,
+    prompt_length: int = 11,
+    decode_steps: int = 5,
+    batch: int = 1,
+    left_padding: tuple[int, ...] = (),
+    seed: int = 0,
+) -> list[Comparison]:
+    """Prefill + `decode_steps` cached steps of the package's decoder and mtp.onnx next to
+    transformers (`model`, its final-norm output) and the head reference.
+
+    Both sides are fed the reference's greedy tokens; the head at position t gets token t+1
+    and the hidden state of t (each side its own decoder's), so its cache lags the decoder's
+    by one. Comparisons cover real (non-padded) positions only.
+    """
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, config.vocab_size, size=(batch, prompt_length)).astype(np.int64)
+    mask = np.ones_like(ids)
+    for row, pad in enumerate(left_padding):
+        ids[row, :pad] = config.pad_token_id or 0
+        mask[row, :pad] = 0
+    decoder = DecoderSession(package_dir / "model.onnx", config)
+    head = HeadSession(package_dir / "mtp.onnx", config)
+    out: list[Comparison] = []
+    captured: list[torch.Tensor] = []
+    hook = _final_norm_hook(model, captured)
+    try:
+        with pinned_torch():
+            ref = model(
+                torch.from_numpy(ids),
+                attention_mask=torch.from_numpy(mask),
+                use_cache=True,
+                position_ids=torch.arange(prompt_length).expand(batch, -1),
+            )
+            ours = decoder.step(ids, mask)
+            full = mask
+            real = mask.astype(bool)
+            head_ids, head_new = ids[:, 1:], real
+            for step in range(decode_steps + 1):
+                name = "prefill" if step == 0 else f"decode{step - 1}"
+                ref_hidden = captured.pop().numpy()
+                out.append(
+                    compare(
+                        f"{name}/hidden_states",
+                        ours["hidden_states"][head_new],
+                        ref_hidden[head_new],
+                    )
+                )
+                token = ref.logits[:, -1].argmax(-1).numpy()[:, None].astype(np.int64)
+                pairs = np.concatenate([head_ids, token], axis=1)
+                ref_head = reference.step(pairs, ref_hidden, full)
+                our_head = head.step(pairs, ours["hidden_states"], full)
+                _compare_head(out, name, our_head, ref_head, head_new, full.astype(bool))
+                # the decoder consumes the token; the head's next pair is (token + 1, H)
+                full = np.concatenate([full, np.ones((batch, 1), np.int64)], axis=1)
+                head_ids = np.zeros((batch, 0), np.int64)
+                head_new = np.ones((batch, 1), bool)
+                if step == decode_steps:
+                    break
+                ref = model(
+                    torch.from_numpy(token),
+                    attention_mask=torch.from_numpy(full),
+                    cache=ref.past_key_values,
+                    use_cache=True,
+                    position_ids=torch.full((batch, 1), full.shape[1] - 1),
+                )
+                ours = decoder.step(token)
+    finally:
+        hook.remove()
+    return out
+
+
+def _compare_head(
+    out: list[Comparison],
+    step: str,
+    ours: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+    real_new: np.ndarray,
+    real_keys: np.ndarray,
+) -> None:
+    for name in ("logits", "mtp_hidden_states"):
+        out.append(compare(f"{step}/mtp/{name}", ours[name][real_new], ref[name][real_new]))
+    for name in ("present.mtp.0.key", "present.mtp.0.value"):
+        # [B, H, T, D] -> real positions only
+        actual = ours[name].transpose(0, 2, 1, 3)[real_keys]
+        expected = ref[name].transpose(0, 2, 1, 3)[real_keys]
+        out.append(compare(f"{step}/mtp/{name}", actual, expected))

@@ -1,0 +1,72 @@
+"""The multi-token-prediction head (mtp.onnx) and the decoder's `hidden_states` output, for each
+source kind: parity at prefill + 5 cached steps against transformers (decoder hidden) and the
+independent head reference (tests/mtp_reference.py), under the FP32 gates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import mobius_lite
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.enums import GraphRole
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
+from mtp_fixtures import drive_head_parity, head_reference, write_nemotron_h_mtp_checkpoint
+
+SHARED = ["backbone.embeddings.weight", "lm_head.weight"]
+
+
+def _failures(comparisons: list) -> list:
+    gates = (FP32_NRMSE, FP32_COSINE)
+    return [(c.name, c.nrmse, c.cosine) for c in comparisons if not c.passes(*gates)]
+
+
+@pytest.fixture(scope="module")
+def nemotron_h(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("mtp_nemotron_h")
+    checkpoint, model, head = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(root / "package", quiet=True)
+    return dict(checkpoint=checkpoint, model=model, head=head, package=package, out=out)
+
+
+def test_safetensors_package_carries_the_head(nemotron_h) -> None:
+    package, out = nemotron_h["package"], nemotron_h["out"]
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    assert (out / "mtp.onnx").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    # the head's weights shared with the decoder are declared so and stored once
+    assert {name: sorted(roles) for name, roles in manifest["shared"].items()} == {
+        name: ["decoder", "mtp"] for name in SHARED
+    }
+    assert not any(name.startswith("mtp.") for name in manifest["unused"])
+    head_sources = {s for b in package.graph(GraphRole.MTP).plan.bindings for s in b.sources}
+    assert set(nemotron_h["head"]) | set(SHARED) == head_sources
+
+
+@pytest.mark.parametrize(("batch", "left_padding"), [(1, ()), (2, (3,))])
+def test_safetensors_head_parity(nemotron_h, batch: int, left_padding: tuple[int, ...]) -> None:
+    config = NemotronHConfig.from_file(nemotron_h["checkpoint"])
+    reference = head_reference(nemotron_h["model"], nemotron_h["head"])
+    comparisons = drive_head_parity(
+        nemotron_h["model"],
+        reference,
+        nemotron_h["out"],
+        config,
+        batch=batch,
+        left_padding=left_padding,
+    )
+    assert len(comparisons) == 6 * 5  # hidden + 4 head arrays, prefill + 5 steps
+    assert not _failures(comparisons)
+
+
+def test_genai_runs_a_package_with_a_head(nemotron_h) -> None:
+    """onnxruntime-genai ignores the decoder's extra hidden_states output and mtp.onnx: its
+    greedy tokens are transformers'."""
+    pytest.importorskip("onnxruntime_genai")
+    from test_genai import PROMPT, genai_generate, transformers_greedy
+
+    expected = transformers_greedy(nemotron_h["model"], PROMPT, 8, cached=True)
+    assert len(expected) == 8
+    assert genai_generate(nemotron_h["out"], PROMPT, 8) == expected
