@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx_ir as ir
 import torch
 from safetensors.numpy import load_file, save_file
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import Comparison, compare
-from mobius_lite.graphs.cache import mtp_cache_tensors
-from mobius_lite.runtime import DecoderSession, empty_cache
+from mobius_lite.runtime import DecoderSession, cache_inputs
 from mtp_reference import MTPHeadReference
 from nemotron_reference import make_reference, pinned_torch
 
@@ -135,12 +133,12 @@ class HeadSession:
         import onnxruntime as ort
 
         self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        self.cache = mtp_cache_tensors(config, ir.DataType.FLOAT)
+        self.cache = cache_inputs(self.session)
         self.past: dict[str, np.ndarray] | None = None
 
     def step(self, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         if self.past is None:
-            self.past = empty_cache(self.cache, ids.shape[0])
+            self.past = {c.past_name: c.empty(ids.shape[0]) for c in self.cache}
         feeds = {"input_ids": ids, "hidden_states": hidden, "attention_mask": mask, **self.past}
         names = [o.name for o in self.session.get_outputs()]
         out = dict(zip(names, self.session.run(None, feeds), strict=True))
@@ -178,7 +176,7 @@ def drive_head_parity(
     for row, pad in enumerate(left_padding):
         ids[row, :pad] = config.pad_token_id or 0
         mask[row, :pad] = 0
-    decoder = DecoderSession(package_dir / "model.onnx", config)
+    decoder = DecoderSession(package_dir / "model.onnx")
     head = HeadSession(package_dir / "mtp.onnx", config)
     out: list[Comparison] = []
     captured: list[torch.Tensor] = []

@@ -56,6 +56,12 @@ def _read(where: dict[str, Path], names: list[str]) -> dict[str, Any]:
     return out
 
 
+def torch_cat(parts: list[Any]) -> Any:
+    import torch
+
+    return torch.cat(parts, -1)
+
+
 def _rms(x: Any, weight: Any, eps: float) -> Any:
     return weight * (x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt())
 
@@ -146,24 +152,31 @@ class MtpReference:
         Returns logits, mtp_hidden_states and present.mtp.0.key/value as numpy FP32."""
         import torch
 
-        t, eps = self.t, self.eps
         with torch.no_grad():
-            ids = torch.from_numpy(np.asarray(input_ids, np.int64))
-            hidden = torch.from_numpy(np.asarray(hidden_states, np.float32))
-            mask = torch.from_numpy(np.asarray(attention_mask, np.int64)).bool()
-            e = _rms(self.embed[ids], t["mtp.layers.0.enorm.weight"], eps)
-            h = _rms(hidden, t["mtp.layers.0.hnorm.weight"], eps)
-            x = torch.cat([e, h], -1) @ t["mtp.layers.0.eh_proj.weight"].T
-            x = x + self._attention(_rms(x, t["mtp.layers.0.norm.weight"], eps), mask)
-            x = x + self.moe(_rms(x, t["mtp.layers.1.norm.weight"], eps))
-            final = _rms(x, t["mtp.layers.1.final_layernorm.weight"], eps)
-            logits = final @ self.lm_head.T
+            logits, final = self.forward(
+                torch.from_numpy(np.asarray(input_ids, np.int64)),
+                torch.from_numpy(np.asarray(hidden_states, np.float32)),
+                torch.from_numpy(np.asarray(attention_mask, np.int64)),
+            )
         return {
             "logits": logits.numpy(),
             "mtp_hidden_states": final.numpy(),
             "present.mtp.0.key": self.key.numpy(),
             "present.mtp.0.value": self.value.numpy(),
         }
+
+    def forward(self, ids: Any, hidden: Any, attention_mask: Any) -> tuple[Any, Any]:
+        """The computation on torch tensors (differentiable: benchmarks/train_mtp_head.py
+        trains the tensors in `self.t` and the MoE module through it); returns (logits,
+        mtp_hidden_states) and appends the new positions to the cache."""
+        t, eps = self.t, self.eps
+        e = _rms(self.embed[ids], t["mtp.layers.0.enorm.weight"], eps)
+        h = _rms(hidden, t["mtp.layers.0.hnorm.weight"], eps)
+        x = torch_cat([e, h]) @ t["mtp.layers.0.eh_proj.weight"].T
+        x = x + self._attention(_rms(x, t["mtp.layers.0.norm.weight"], eps), attention_mask.bool())
+        x = x + self.moe(_rms(x, t["mtp.layers.1.norm.weight"], eps))
+        final = _rms(x, t["mtp.layers.1.final_layernorm.weight"], eps)
+        return final @ self.lm_head.T, final
 
     def _attention(self, x: Any, mask: Any) -> Any:
         import torch

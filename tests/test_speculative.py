@@ -1,0 +1,165 @@
+"""Speculative greedy decoding with the MTP head (speculative.py) against plain greedy decoding.
+
+The reference is the decoder stepped one token per call (runtime.greedy at batch 1, the same
+loop per row for a left-padded batch): 64 new tokens must be identical for K = 1, 2 and 4, and
+the decoder's conv, SSM and attention states afterwards must be plain decoding's (FP32 gates:
+the verifying call computes several positions at once, so the arrays agree to rounding, not
+bit for bit). A random head rarely drafts right, so a scripted head that drafts the known
+continuation (always, or wrong at chosen positions) drives the accept and partial-accept paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import mobius_lite
+from mobius_lite.cli.main import main
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from mobius_lite.runtime import DecoderSession, greedy
+from mobius_lite.speculative import MtpHead, open_head, speculative_greedy
+from mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
+from nemotron_reference import make_reference
+from speculative_fixtures import ScriptedHead, plain_greedy
+
+NEW_TOKENS = 64
+PROMPT = 9
+PAD = 3  # left padding of the batch's second row
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("speculative")
+    checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
+    out = mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+    save_tokenizer(out)
+    return out
+
+
+def save_tokenizer(package: Path) -> None:
+    """A word-level tokenizer: "w{i}" is token i."""
+    vocab = {f"w{i}": i for i in range(90)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(package / "tokenizer.json"))
+
+
+def prompt(batch: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(batch).integers(3, vocab, size=(batch, PROMPT)).astype(np.int64)
+    mask = np.ones_like(ids)
+    if batch == 2:
+        ids[1, :PAD] = 0
+        mask[1, :PAD] = 0
+    return ids, mask
+
+
+def state_failures(actual: dict, expected: dict) -> list:
+    assert actual.keys() == expected.keys()
+    comparisons = [compare(name, actual[name], expected[name]) for name in expected]
+    return [(c.name, c.nrmse) for c in comparisons if not c.passes(FP32_NRMSE, FP32_COSINE)]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_tokens_and_states_equal_plain_greedy(package, k: int, batch: int) -> None:
+    decoder = DecoderSession(package / "model.onnx")
+    ids, mask = prompt(batch, decoder.vocab_size)
+    plain, _ = plain_greedy(decoder, ids, mask, NEW_TOKENS)
+    if batch == 1:  # the runtime's own greedy loop gives the same tokens
+        assert greedy(decoder, ids, NEW_TOKENS).tokens == plain[0].tolist()
+    plain_state, plain_mask = dict(decoder.past), decoder.mask
+
+    head = open_head(package)
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
+    assert np.array_equal(np.array(tokens), plain)
+    assert stats.proposed > 0 and stats.rounds < NEW_TOKENS
+    np.testing.assert_array_equal(decoder.mask, plain_mask)
+    assert not state_failures(decoder.past, plain_state)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_head_cache_keeps_only_real_positions(package, batch: int) -> None:
+    """After generation the head's cache holds exactly the entries of (token t+1, decoder
+    hidden t) at every position it covers: the chained drafts' entries were cut."""
+    decoder = DecoderSession(package / "model.onnx")
+    ids, mask = prompt(batch, decoder.vocab_size)
+    plain, hidden = plain_greedy(decoder, ids, mask, NEW_TOKENS)
+    head = open_head(package)
+    speculative_greedy(decoder, head, ids, NEW_TOKENS, 4, attention_mask=mask)
+    covered = head.length
+    assert 0 < covered < decoder.mask.shape[1]
+
+    sequence = np.concatenate([ids, plain], axis=1)
+    fresh = MtpHead(package / "mtp.onnx")
+    fresh.reset(batch)
+    full_mask = np.concatenate([mask, np.ones((batch, NEW_TOKENS), np.int64)], axis=1)
+    fresh.step(
+        sequence[:, 1 : covered + 1], np.stack(hidden[:covered], axis=1), full_mask[:, :covered]
+    )
+    np.testing.assert_array_equal(head.mask, fresh.mask)
+    real = full_mask[:, :covered].astype(bool)  # padded positions' K/V are unspecified
+    for name, expected in fresh.past.items():
+        ours = head.past[name].transpose(0, 2, 1, 3)[real]
+        c = compare(name, ours, expected.transpose(0, 2, 1, 3)[real])
+        assert c.passes(FP32_NRMSE, FP32_COSINE), c
+
+
+WRONG = {
+    "never": lambda row, t: False,
+    "every fifth": lambda row, t: (7 * t + 3 * row) % 5 == 0,
+    "always": lambda row, t: True,
+}
+
+
+@pytest.mark.parametrize("wrong", list(WRONG))
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_accepted_drafts_leave_plain_states(package, k: int, batch: int, wrong: str) -> None:
+    decoder = DecoderSession(package / "model.onnx")
+    ids, mask = prompt(batch, decoder.vocab_size)
+    plain, hidden = plain_greedy(decoder, ids, mask, NEW_TOKENS)
+    plain_state = dict(decoder.past)
+    sequence = np.concatenate([ids, plain], axis=1)
+    head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
+
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
+    assert np.array_equal(np.array(tokens), plain)
+    assert not state_failures(decoder.past, plain_state)
+    if wrong == "never":
+        assert stats.accepted == stats.proposed > 0 and stats.rollbacks == 0
+        # every round but the last emits k + 1 tokens
+        assert stats.rounds == -(-(NEW_TOKENS - 1) // (k + 1))
+    elif wrong == "always":
+        assert stats.accepted == 0 and stats.rollbacks == stats.rounds - 1
+    else:
+        assert 0 < stats.accepted < stats.proposed and stats.rollbacks > 0
+    # the head kept only real entries: token t+1 and the decoder's hidden state at t
+    for t, (token, state) in enumerate(head.entries):
+        np.testing.assert_array_equal(token, sequence[:, t + 1])
+        c = compare(f"hidden {t}", state, hidden[t])
+        assert c.passes(FP32_NRMSE, FP32_COSINE), c
+
+
+def test_generate_cli_reports_drafts(package, capsys) -> None:
+    base = ["generate", str(package), "--prompt", "w5 w17 w33 w4 w61", "--ids"]
+    assert main([*base, "--max-new-tokens", "24"]) == 0
+    plain = capsys.readouterr().out
+    for k in ("1", "3"):
+        assert main([*base, "--max-new-tokens", "24", "--speculative", k]) == 0
+        captured = capsys.readouterr()
+        assert captured.out == plain
+        assert "drafts proposed" in captured.err and "accepted" in captured.err
+
+
+def test_generate_cli_refuses_speculation_without_a_head(package, tmp_path, capsys) -> None:
+    make_reference({"layers_block_type": HEAD_PATTERN}, 0).save_pretrained(tmp_path / "plain")
+    plain = mobius_lite.build(tmp_path / "plain").save(tmp_path / "package", quiet=True)
+    save_tokenizer(plain)
+    code = main(["generate", str(plain), "--prompt", "w5", "--speculative", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no mtp.onnx" in err and "Traceback" not in err
+    code = main(["generate", str(package), "--prompt", "w5", "--speculative", "-1"])
+    assert code == 2 and "--speculative must be" in capsys.readouterr().err
