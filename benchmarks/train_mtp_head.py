@@ -176,7 +176,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     trained = time.perf_counter() - start
     after = agreement(reference, test_hidden, test_text, test_choices)
     write_head(checkpoint, trained_tensors(reference))

@@ -56,6 +56,28 @@ def prompt(batch: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+@pytest.fixture(scope="module")
+def plain_runs(package) -> dict:
+    """Per batch: the prompt, plain greedy tokens, the decoder's hidden state at every fed
+    position, and the decoder's state and mask after the run."""
+    runs = {}
+    decoder = DecoderSession(package / "model.onnx")
+    for batch in (1, 2):
+        ids, mask = prompt(batch, decoder.vocab_size)
+        tokens, hidden = plain_greedy(decoder, ids, mask, NEW_TOKENS)
+        runs[batch] = dict(
+            ids=ids,
+            mask=mask,
+            tokens=tokens,
+            hidden=hidden,
+            state=dict(decoder.past),
+            full_mask=decoder.mask,
+        )
+    # the runtime's own greedy loop gives the same tokens
+    assert greedy(decoder, runs[1]["ids"], NEW_TOKENS).tokens == runs[1]["tokens"][0].tolist()
+    return runs
+
+
 def state_failures(actual: dict, expected: dict) -> list:
     assert actual.keys() == expected.keys()
     comparisons = [compare(name, actual[name], expected[name]) for name in expected]
@@ -64,14 +86,11 @@ def state_failures(actual: dict, expected: dict) -> list:
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_tokens_and_states_equal_plain_greedy(package, k: int, batch: int) -> None:
+def test_tokens_and_states_equal_plain_greedy(package, plain_runs, k: int, batch: int) -> None:
+    run = plain_runs[batch]
+    ids, mask, plain = run["ids"], run["mask"], run["tokens"]
+    plain_state, plain_mask = run["state"], run["full_mask"]
     decoder = DecoderSession(package / "model.onnx")
-    ids, mask = prompt(batch, decoder.vocab_size)
-    plain, _ = plain_greedy(decoder, ids, mask, NEW_TOKENS)
-    if batch == 1:  # the runtime's own greedy loop gives the same tokens
-        assert greedy(decoder, ids, NEW_TOKENS).tokens == plain[0].tolist()
-    plain_state, plain_mask = dict(decoder.past), decoder.mask
-
     head = open_head(package)
     tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
     assert np.array_equal(np.array(tokens), plain)
@@ -81,12 +100,12 @@ def test_tokens_and_states_equal_plain_greedy(package, k: int, batch: int) -> No
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_head_cache_keeps_only_real_positions(package, batch: int) -> None:
+def test_head_cache_keeps_only_real_positions(package, plain_runs, batch: int) -> None:
     """After generation the head's cache holds exactly the entries of (token t+1, decoder
     hidden t) at every position it covers: the chained drafts' entries were cut."""
+    run = plain_runs[batch]
+    ids, mask, plain, hidden = run["ids"], run["mask"], run["tokens"], run["hidden"]
     decoder = DecoderSession(package / "model.onnx")
-    ids, mask = prompt(batch, decoder.vocab_size)
-    plain, hidden = plain_greedy(decoder, ids, mask, NEW_TOKENS)
     head = open_head(package)
     speculative_greedy(decoder, head, ids, NEW_TOKENS, 4, attention_mask=mask)
     covered = head.length
@@ -117,11 +136,13 @@ WRONG = {
 @pytest.mark.parametrize("wrong", list(WRONG))
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_accepted_drafts_leave_plain_states(package, k: int, batch: int, wrong: str) -> None:
+def test_accepted_drafts_leave_plain_states(
+    package, plain_runs, k: int, batch: int, wrong: str
+) -> None:
+    run = plain_runs[batch]
+    ids, mask, plain, hidden = run["ids"], run["mask"], run["tokens"], run["hidden"]
+    plain_state = run["state"]
     decoder = DecoderSession(package / "model.onnx")
-    ids, mask = prompt(batch, decoder.vocab_size)
-    plain, hidden = plain_greedy(decoder, ids, mask, NEW_TOKENS)
-    plain_state = dict(decoder.past)
     sequence = np.concatenate([ids, plain], axis=1)
     head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
 
