@@ -244,3 +244,60 @@ def _compare_head(
         actual = ours[name].transpose(0, 2, 1, 3)[real_keys]
         expected = ref[name].transpose(0, 2, 1, 3)[real_keys]
         out.append(compare(f"{step}/mtp/{name}", actual, expected))
+
+
+# The Puzzle head: its attention block and its MoE (expert count, top-k, widths, latent,
+# grouping) differ from every backbone block's.
+PUZZLE_MTP_BLOCKS: list[dict[str, Any]] = [
+    {"block_type": "attention", "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+    {
+        "block_type": "moe",
+        "n_routed_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 12,
+        "moe_latent_size": 16,
+        "moe_shared_expert_intermediate_size": 10,
+        "n_group": 2,
+        "topk_group": 1,
+    },
+]
+
+
+def puzzle_block_config(raw: dict[str, Any], block: dict[str, Any]) -> Any:
+    """transformers' NemotronHConfig of one head block: the globals with the block's entries."""
+    from transformers import NemotronHConfig as HFNemotronHConfig
+
+    from mobius_lite.evaluation.puzzle_reference import global_transformers_fields
+
+    fields = global_transformers_fields(raw)
+    fields.update({k: v for k, v in block.items() if k != "block_type" and v is not None})
+    return HFNemotronHConfig(**fields)
+
+
+def write_puzzle_mtp_checkpoint(
+    directory: Path, seed: int = 0
+) -> tuple[Path, Any, dict[str, np.ndarray], dict[str, Any]]:
+    """The heterogeneous Puzzle checkpoint with mtp_block_configs, and the head's tensors in
+    mtp.safetensors beside the index (which does not list it). Returns (dir, reference
+    decoder, head tensors, config.json dict)."""
+    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+
+    raw = puzzle_raw_config(
+        HETEROGENEOUS_BLOCKS, num_nextn_predict_layers=1, mtp_block_configs=PUZZLE_MTP_BLOCKS
+    )
+    checkpoint, model = write_puzzle_checkpoint(raw, directory, seed=seed)
+    attention = puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[0])
+    moe = puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[1])
+    shape = HeadShape(
+        hidden=raw["hidden_size"],
+        heads=attention.num_attention_heads,
+        kv_heads=attention.num_key_value_heads,
+        head_dim=attention.head_dim,
+        experts=moe.n_routed_experts,
+        inner=moe.moe_intermediate_size,
+        shared_inner=moe.moe_shared_expert_intermediate_size,
+        latent=moe.moe_latent_size,
+    )
+    head = head_tensors(shape, np.random.default_rng(seed + 200))
+    save_file(head, str(checkpoint / "mtp.safetensors"))
+    return checkpoint, model.float().eval(), head, raw

@@ -5,14 +5,24 @@ independent head reference (tests/mtp_reference.py), under the FP32 gates."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 import mobius_lite
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.configs.loader import load_text_config
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
-from mtp_fixtures import drive_head_parity, head_reference, write_nemotron_h_mtp_checkpoint
+from mtp_fixtures import (
+    PUZZLE_MTP_BLOCKS,
+    drive_head_parity,
+    head_reference,
+    puzzle_block_config,
+    write_nemotron_h_mtp_checkpoint,
+    write_puzzle_mtp_checkpoint,
+)
+from mtp_reference import MTPHeadReference
 
 SHARED = ["backbone.embeddings.weight", "lm_head.weight"]
 
@@ -70,3 +80,24 @@ def test_genai_runs_a_package_with_a_head(nemotron_h) -> None:
     expected = transformers_greedy(nemotron_h["model"], PROMPT, 8, cached=True)
     assert len(expected) == 8
     assert genai_generate(nemotron_h["out"], PROMPT, 8) == expected
+
+
+def test_puzzle_head_parity(tmp_path: Path) -> None:
+    """Puzzle: the head's own sizes from mtp_block_configs, its tensors in mtp.safetensors
+    (found beside the index that does not list it)."""
+    checkpoint, model, head, raw = write_puzzle_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    config = load_text_config(raw)
+    assert [layer.moe.n_routed_experts for layer in config.mtp_layers[1:]] == [6]
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    reference = MTPHeadReference(
+        head,
+        puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[0]),
+        puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[1]),
+        model.model.embeddings.weight.detach().numpy(),
+        model.lm_head.weight.detach().numpy(),
+    )
+    comparisons = drive_head_parity(model, reference, out, config, batch=2, left_padding=(2,))
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
