@@ -248,29 +248,39 @@ def write_gguf(
     special_tokens: dict[str, int] | None = None,
     seed: int = 0,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    nextn: dict[str, np.ndarray] | None = None,
 ) -> list[Path]:
     """Write `model` as llama.cpp's converter would; returns the written file(s).
 
     types: regex over GGUF names -> ggml type name (first match wins, default F32).
     split: at most this many tensors per file (a `-0000i-of-0000N.gguf` split set).
+    nextn: the MTP head's tensors of block n_layer (GGUF names; mtp_fixtures.nextn_tensors),
+    which then counts in block_count and the per-layer arrays as an attention + MoE block,
+    with nextn_predict_layers = 1.
     """
     path = Path(path)
     config = model.config
     rng = np.random.default_rng(seed)
     tensors = converter_tensors(model, arch)
     tensors.update(extra_tensors or {})
+    tensors.update(nextn or {})
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split or 0)
 
     n_layer = config.num_hidden_layers
     kinds = [_kind(config, i) for i in range(n_layer)]
     ffn = config.moe_intermediate_size if arch == "nemotron_h_moe" else config.intermediate_size
-    writer.add_block_count(n_layer)
+    if nextn:
+        kinds.append("nextn")  # attention heads and an FFN length in one block
+        writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    writer.add_block_count(len(kinds))
     writer.add_context_length(2**20)  # GraniteHybridModel: no RoPE
     writer.add_embedding_length(config.hidden_size)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_feed_forward_length([ffn if k in ("mlp", "moe") else 0 for k in kinds])
+    writer.add_feed_forward_length([ffn if k in ("mlp", "moe", "nextn") else 0 for k in kinds])
     writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv([config.num_key_value_heads if k == "attention" else 0 for k in kinds])
+    writer.add_head_count_kv(
+        [config.num_key_value_heads if k in ("attention", "nextn") else 0 for k in kinds]
+    )
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
@@ -359,6 +369,10 @@ def dequantized_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     arrays, metadata = dequantized_arrays(path)
     arch = metadata["general.architecture"]
     n_head = int(metadata[f"{arch}.attention.head_count"])
+    # the MTP head's block (nextn_predict_layers, the last blocks) is not a decoder layer
+    n_layer = int(metadata[f"{arch}.block_count"]) - int(
+        metadata.get(f"{arch}.nextn_predict_layers", 0)
+    )
     kv = metadata[f"{arch}.attention.head_count_kv"]
     out: dict[str, np.ndarray] = {
         "model.embeddings.weight": arrays["token_embd.weight"],
@@ -389,6 +403,8 @@ def dequantized_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         if match is None:
             continue
         layer, rest = int(match[1]), match[2]
+        if layer >= n_layer:
+            continue
         prefix = f"model.layers.{layer}."
         if rest in simple:
             out[prefix + simple[rest]] = value

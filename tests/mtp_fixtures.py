@@ -4,6 +4,8 @@ the independent head reference (tests/mtp_reference.py)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,14 +164,17 @@ def drive_head_parity(
     batch: int = 1,
     left_padding: tuple[int, ...] = (),
     seed: int = 0,
+    decoder_input: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> list[Comparison]:
     """Prefill + `decode_steps` cached steps of the package's decoder and mtp.onnx next to
     transformers (`model`, its final-norm output) and the head reference.
 
     Both sides are fed the reference's greedy tokens; the head at position t gets token t+1
     and the hidden state of t (each side its own decoder's), so its cache lags the decoder's
-    by one. Comparisons cover real (non-padded) positions only.
+    by one. Comparisons cover real (non-padded) positions only. `decoder_input` turns ids
+    into the decoder's input (the Omni decoder takes embeddings).
     """
+    decoder_input = decoder_input or (lambda ids: ids)
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, config.vocab_size, size=(batch, prompt_length)).astype(np.int64)
     mask = np.ones_like(ids)
@@ -189,7 +194,7 @@ def drive_head_parity(
                 use_cache=True,
                 position_ids=torch.arange(prompt_length).expand(batch, -1),
             )
-            ours = decoder.step(ids, mask)
+            ours = decoder.step(decoder_input(ids), mask)
             full = mask
             real = mask.astype(bool)
             head_ids, head_new = ids[:, 1:], real
@@ -221,7 +226,7 @@ def drive_head_parity(
                     use_cache=True,
                     position_ids=torch.full((batch, 1), full.shape[1] - 1),
                 )
-                ours = decoder.step(token)
+                ours = decoder.step(decoder_input(token))
     finally:
         hook.remove()
     return out
@@ -242,3 +247,202 @@ def _compare_head(
         actual = ours[name].transpose(0, 2, 1, 3)[real_keys]
         expected = ref[name].transpose(0, 2, 1, 3)[real_keys]
         out.append(compare(f"{step}/mtp/{name}", actual, expected))
+
+
+# The Puzzle head: its attention block and its MoE (expert count, top-k, widths, latent,
+# grouping) differ from every backbone block's.
+PUZZLE_MTP_BLOCKS: list[dict[str, Any]] = [
+    {"block_type": "attention", "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+    {
+        "block_type": "moe",
+        "n_routed_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 12,
+        "moe_latent_size": 16,
+        "moe_shared_expert_intermediate_size": 10,
+        "n_group": 2,
+        "topk_group": 1,
+    },
+]
+
+
+def puzzle_block_config(raw: dict[str, Any], block: dict[str, Any]) -> Any:
+    """transformers' NemotronHConfig of one head block: the globals with the block's entries."""
+    from transformers import NemotronHConfig as HFNemotronHConfig
+
+    from mobius_lite.evaluation.puzzle_reference import global_transformers_fields
+
+    fields = global_transformers_fields(raw)
+    fields.update({k: v for k, v in block.items() if k != "block_type" and v is not None})
+    return HFNemotronHConfig(**fields)
+
+
+def write_puzzle_mtp_checkpoint(
+    directory: Path, seed: int = 0
+) -> tuple[Path, Any, dict[str, np.ndarray], dict[str, Any]]:
+    """The heterogeneous Puzzle checkpoint with mtp_block_configs, and the head's tensors in
+    mtp.safetensors beside the index (which does not list it). Returns (dir, reference
+    decoder, head tensors, config.json dict)."""
+    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+
+    raw = puzzle_raw_config(
+        HETEROGENEOUS_BLOCKS, num_nextn_predict_layers=1, mtp_block_configs=PUZZLE_MTP_BLOCKS
+    )
+    checkpoint, model = write_puzzle_checkpoint(raw, directory, seed=seed)
+    attention = puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[0])
+    moe = puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[1])
+    shape = HeadShape(
+        hidden=raw["hidden_size"],
+        heads=attention.num_attention_heads,
+        kv_heads=attention.num_key_value_heads,
+        head_dim=attention.head_dim,
+        experts=moe.n_routed_experts,
+        inner=moe.moe_intermediate_size,
+        shared_inner=moe.moe_shared_expert_intermediate_size,
+        latent=moe.moe_latent_size,
+    )
+    head = head_tensors(shape, np.random.default_rng(seed + 200))
+    save_file(head, str(checkpoint / "mtp.safetensors"))
+    return checkpoint, model.float().eval(), head, raw
+
+
+# ----------------------------------------------------------------------------- GGUF
+# The head's tensors in block n_layer of a converter-layout GGUF (the head's own ones, then
+# its attention and MoE sub-layers under the decoder's block names).
+GGUF_HEAD_NAMES = {
+    "mtp.layers.0.eh_proj.weight": "nextn.eh_proj.weight",
+    "mtp.layers.0.enorm.weight": "nextn.enorm.weight",
+    "mtp.layers.0.hnorm.weight": "nextn.hnorm.weight",
+    "mtp.layers.1.final_layernorm.weight": "nextn.shared_head_norm.weight",
+    "mtp.layers.0.norm.weight": "attn_norm.weight",
+    "mtp.layers.1.norm.weight": "ffn_norm.weight",
+    "mtp.layers.0.mixer.q_proj.weight": "attn_q.weight",
+    "mtp.layers.0.mixer.k_proj.weight": "attn_k.weight",
+    "mtp.layers.0.mixer.v_proj.weight": "attn_v.weight",
+    "mtp.layers.0.mixer.o_proj.weight": "attn_output.weight",
+    "mtp.layers.1.mixer.gate.weight": "ffn_gate_inp.weight",
+    "mtp.layers.1.mixer.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mtp.layers.1.mixer.fc1_latent_proj.weight": "ffn_latent_down.weight",
+    "mtp.layers.1.mixer.fc2_latent_proj.weight": "ffn_latent_up.weight",
+    "mtp.layers.1.mixer.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mtp.layers.1.mixer.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+}
+GGUF_HEAD_EXPERTS = {"up_proj": "ffn_up_exps.weight", "down_proj": "ffn_down_exps.weight"}
+
+
+def nextn_tensors(
+    head: dict[str, np.ndarray], hf_config: Any, copies: dict[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """The head as the converter writes it into blk.{n_layer}: q / k rows permuted per head,
+    experts stacked [E, N, K]; `copies` (nextn.embed_tokens / nextn.shared_head_head) too."""
+    from gguf_fixtures import _permute_rows
+
+    block = f"blk.{hf_config.num_hidden_layers}."
+    out: dict[str, np.ndarray] = {}
+    for name, gguf_name in GGUF_HEAD_NAMES.items():
+        if name not in head:
+            continue
+        value = head[name]
+        if gguf_name == "attn_q.weight":
+            value = _permute_rows(value, hf_config.num_attention_heads)
+        elif gguf_name == "attn_k.weight":
+            value = _permute_rows(value, hf_config.num_key_value_heads)
+        out[block + gguf_name] = value
+    for proj, gguf_name in GGUF_HEAD_EXPERTS.items():
+        pattern = re.compile(rf"^mtp\.layers\.1\.mixer\.experts\.(\d+)\.{proj}\.weight$")
+        experts = sorted((int(m[1]), v) for n, v in head.items() if (m := pattern.match(n)))
+        out[block + gguf_name] = np.stack([v for _, v in experts])
+    for name, value in (copies or {}).items():
+        out[block + name] = value
+    return out
+
+
+def head_from_gguf(path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The head's tensors under the released names, read back with gguf-py alone
+    (dequantized, q / k rows un-permuted, experts split); and the head's block index."""
+    from gguf_fixtures import _unpermute_rows, dequantized_arrays
+
+    arrays, metadata = dequantized_arrays(path)
+    arch = metadata["general.architecture"]
+    block = int(metadata[f"{arch}.block_count"]) - int(metadata[f"{arch}.nextn_predict_layers"])
+    kv = metadata[f"{arch}.attention.head_count_kv"]
+    heads = {"attn_q.weight": int(metadata[f"{arch}.attention.head_count"]), "attn_k.weight": kv}
+    by_gguf = {v: k for k, v in GGUF_HEAD_NAMES.items()}
+    out: dict[str, np.ndarray] = {}
+    prefix = f"blk.{block}."
+    for name, value in arrays.items():
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :]
+        if rest in heads:
+            count = heads[rest][block] if isinstance(heads[rest], list) else heads[rest]
+            value = _unpermute_rows(value, int(count))
+        if rest in by_gguf:
+            out[by_gguf[rest]] = value
+        for proj, gguf_name in GGUF_HEAD_EXPERTS.items():
+            if rest == gguf_name:
+                for e in range(value.shape[0]):
+                    out[f"mtp.layers.1.mixer.experts.{e}.{proj}.weight"] = value[e]
+    return out, block
+
+
+# ----------------------------------------------------------------------------- Omni
+def write_omni_mtp_checkpoint(directory: Path, seed: int = 0) -> tuple[Path, Any, dict]:
+    """A tiny Omni checkpoint (vision tower, no audio) whose language model declares a head,
+    with the head's tensors added under `language_model.mtp.*`. Returns (dir, the Omni
+    model, head tensors without the prefix)."""
+    from transformers.models.nemotron_h_omni.configuration_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3_Config,
+    )
+    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3,
+    )
+
+    from nemotron_reference import TINY_BASE, randomize
+    from omni_fixtures import TINY_VISION
+
+    text = {**TINY_BASE, "layers_block_type": HEAD_PATTERN, "num_nextn_predict_layers": 1}
+    config = NemotronH_Omni_Reasoning_V3_Config(
+        vision_config=dict(TINY_VISION),
+        text_config=text,
+        vision_hidden_size=TINY_VISION["hidden_size"],
+        projector_hidden_size=40,
+        downsample_ratio=0.5,
+        video_temporal_patch_size=2,
+        image_token_id=90,
+        video_token_id=91,
+    )
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.text_config._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    model = NemotronH_Omni_Reasoning_V3(config).eval()
+    randomize(model.language_model, seed)
+    model.save_pretrained(directory)
+    head = head_tensors(global_head_shape(model.language_model.config), np.random.default_rng(9))
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    prefixed = {"language_model." + name: value for name, value in head.items()}
+    save_file({**tensors, **prefixed}, path, metadata={"format": "pt"})
+    return directory, model, head
+
+
+def omni_embedder(package_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """Text ids -> inputs_embeds with the package's embedding.onnx (no media features)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        str(package_dir / "embedding.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+    def embed(ids: np.ndarray) -> np.ndarray:
+        feeds: dict[str, np.ndarray] = {}
+        for value in session.get_inputs():
+            if value.name == "input_ids":
+                feeds[value.name] = ids
+            else:  # media features: none in a text prompt
+                width = int(value.shape[-1])
+                feeds[value.name] = np.zeros((0, width), dtype=np.float32)
+        return session.run(None, feeds)[0]
+
+    return embed

@@ -40,7 +40,7 @@ class _ConcatCache:
 
 
 def _tensor(value: Any) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(value, dtype=np.float32))
+    return torch.from_numpy(np.array(value, dtype=np.float32))
 
 
 def _load_moe(moe: NemotronHMoE, tensors: Mapping[str, Any], prefix: str) -> None:

@@ -5,14 +5,25 @@ independent head reference (tests/mtp_reference.py), under the FP32 gates."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import onnx_ir as ir
 import pytest
 
 import mobius_lite
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.configs.loader import load_text_config
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
-from mtp_fixtures import drive_head_parity, head_reference, write_nemotron_h_mtp_checkpoint
+from mtp_fixtures import (
+    PUZZLE_MTP_BLOCKS,
+    drive_head_parity,
+    head_reference,
+    puzzle_block_config,
+    write_nemotron_h_mtp_checkpoint,
+    write_puzzle_mtp_checkpoint,
+)
+from mtp_reference import MTPHeadReference
 
 SHARED = ["backbone.embeddings.weight", "lm_head.weight"]
 
@@ -70,3 +81,111 @@ def test_genai_runs_a_package_with_a_head(nemotron_h) -> None:
     expected = transformers_greedy(nemotron_h["model"], PROMPT, 8, cached=True)
     assert len(expected) == 8
     assert genai_generate(nemotron_h["out"], PROMPT, 8) == expected
+
+
+def test_puzzle_head_parity(tmp_path: Path) -> None:
+    """Puzzle: the head's own sizes from mtp_block_configs, its tensors in mtp.safetensors
+    (found beside the index that does not list it)."""
+    checkpoint, model, head, raw = write_puzzle_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    config = load_text_config(raw)
+    assert [layer.moe.n_routed_experts for layer in config.mtp_layers[1:]] == [6]
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    reference = MTPHeadReference(
+        head,
+        puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[0]),
+        puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[1]),
+        model.model.embeddings.weight.detach().numpy(),
+        model.lm_head.weight.detach().numpy(),
+    )
+    comparisons = drive_head_parity(model, reference, out, config, batch=2, left_padding=(2,))
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+@pytest.mark.parametrize("backend", ["standard", "ort"])
+def test_gguf_q8_0_head_parity(tmp_path: Path, backend: str) -> None:
+    """GGUF (nemotron_h_moe, Q8_0 weights): the head folded into block n_layer with
+    nextn_predict_layers = 1 and the converter's copies of token_embd / output; the decoder
+    does not take that block as a layer, the head computes packed."""
+    import numpy as np
+    import torch
+    from transformers import NemotronHForCausalLM
+
+    from gguf_fixtures import dequantized_arrays, dequantized_state_dict, write_gguf
+    from mobius_lite.configs.gguf_metadata import config_from_gguf
+    from mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_from_gguf,
+        head_tensors,
+        nextn_tensors,
+    )
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    copies = {
+        "nextn.embed_tokens.weight": state["model.embeddings.weight"],
+        "nextn.shared_head_head.weight": state["lm_head.weight"],
+    }
+    path = tmp_path / "tiny.gguf"
+    write_gguf(
+        path,
+        model,
+        "nemotron_h_moe",
+        {r".": "Q8_0"},
+        nextn=nextn_tensors(head, model.config, copies),
+    )
+    _, metadata = dequantized_arrays(path)
+    config = NemotronHConfig.from_dict(config_from_gguf(metadata))
+    assert config.num_hidden_layers == len(HEAD_PATTERN) and config.has_mtp_head
+
+    package = mobius_lite.build(path, weights_backend=backend)
+    out = package.save(tmp_path / "package", quiet=True)
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    # Q8_0 stays packed in the head: ggml blocks (standard) or MatMulNBits' layout (ort)
+    weights = package.graph(GraphRole.MTP).model.graph.initializers
+    packed = "mtp.layers.0.eh_proj.weight" + ("_nbits_b" if backend == "ort" else "")
+    assert weights[packed].dtype == ir.DataType.UINT8
+    block = config.num_hidden_layers
+    assert set(package.plan.unused) == {
+        f"blk.{block}.nextn.embed_tokens.weight",
+        f"blk.{block}.nextn.shared_head_head.weight",
+    }
+
+    reference_decoder = NemotronHForCausalLM(model.config).eval()
+    reference_decoder.load_state_dict(dequantized_state_dict(path), strict=True)
+    head_arrays, _ = head_from_gguf(path)
+    assert set(head_arrays) == set(head)
+    reference = head_reference(reference_decoder, head_arrays)
+    with torch.no_grad():
+        comparisons = drive_head_parity(reference_decoder, reference, out, config)
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+def test_omni_head_parity(tmp_path: Path) -> None:
+    """Omni: language_model.mtp.* becomes mtp.onnx beside the Omni graphs; the decoder (fed
+    inputs_embeds) gains hidden_states; the head shares the text table and lm_head."""
+    from mtp_fixtures import omni_embedder, write_omni_mtp_checkpoint
+
+    checkpoint, model, head = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    assert GraphRole.MTP in [g.role for g in package.graphs]
+    manifest = json.loads((out / "manifest.json").read_text())
+    shared = {name: sorted(roles) for name, roles in manifest["shared"].items()}
+    table = [n for n in shared if n.startswith("language_model.") and "embeddings" in n]
+    assert len(table) == 1 and "mtp" in shared[table[0]]
+    assert "mtp" in shared["language_model.lm_head.weight"]
+    assert not any(name.startswith("language_model.mtp.") for name in manifest["unused"])
+
+    text = model.language_model
+    config = package.config
+    reference = head_reference(text, head)
+    comparisons = drive_head_parity(text, reference, out, config, decoder_input=omni_embedder(out))
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)

@@ -11,7 +11,8 @@ Parameter names are the released checkpoint names (`backbone.` prefix). The one 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.sources.base import TensorSource
@@ -84,6 +85,9 @@ class SourceLayout:
 
     names: NameMap
     mamba_a: str = "A_log"  # "A" when the source stores A = -exp(A_log) (GGUF)
+    # Source tensors this kind of source holds that no graph computes with (name regex ->
+    # reason), e.g. a GGUF's copies of the embedding table for the MTP head.
+    unused: Mapping[str, str] = field(default_factory=dict)
 
     def lm_head_present(self, source: TensorSource) -> bool:
         return self.present(LM_HEAD_WEIGHT, source)

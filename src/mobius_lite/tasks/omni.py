@@ -3,7 +3,8 @@
 vision_encoder (images -> image_features), video_encoder (tubelets -> video_features + the EVS
 retention mask), audio_encoder when the checkpoint has an audio tower (log-mel features ->
 audio_features), embedding (input_ids + media features -> inputs_embeds) and the decoder
-(inputs_embeds -> logits + cache; Puzzle when the text config is Puzzle). One checkpoint feeds
+(inputs_embeds -> logits + cache; Puzzle when the text config is Puzzle), and the MTP draft
+head (mtp.onnx) when the language model holds one. One checkpoint feeds
 them all: each source tensor is bound in the graphs that compute with it; the tensors two
 graphs use (the towers of the image and video graphs; the embedding table when the decoder's
 logits are tied to it) are declared shared and written once.
@@ -23,6 +24,7 @@ from mobius_lite.enums import GraphRole
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
+from mobius_lite.graphs.mtp import build_mtp
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
@@ -86,22 +88,25 @@ def omni_graphs(
     precision, backend = options.precision, options.backend
     config = OmniConfig.from_dict(raw_config)
     text = config.text
+    names = LanguageModelNames()
+    layout = SourceLayout(names)
+    head = text.has_mtp_head and layout.mtp_head_present(source)
     # the text model's own rules name its tensors without the language_model. prefix
     text_rules = {
         "^" + re.escape(LANGUAGE_MODEL) + pattern.removeprefix("^"): reason
-        for pattern, reason in unused_tensor_rules(text).items()
+        for pattern, reason in unused_tensor_rules(text, head_exported=head).items()
     }
     rules = {**OMNI_UNUSED, **text_rules, **options.unused_rules}
     available = set(source.names())
     dtype = precision.ir_dtype
 
-    names = LanguageModelNames()
     formats = options.weight_formats(source, names)
-    tied = logits_from_embeddings(text, SourceLayout(names).lm_head_present(source))
+    tied = logits_from_embeddings(text, layout.lm_head_present(source))
     decoder, _ = build_decoder(
         text,
         precision,
         inputs_embeds=True,
+        final_hidden_output=head,
         logits_from_embeddings=tied,
         weight_formats=formats,
         backend=backend,
@@ -136,4 +141,10 @@ def omni_graphs(
         _bind(GraphRole.EMBEDDING, embedding, source, names, rules),
         *(_bind(role, model, source, tower_names, rules) for role, model in towers),
     ]
+    if head:
+        # the draft head embeds its own input ids with the text table (text tokens only)
+        mtp, _ = build_mtp(
+            text, precision, logits_from_embeddings=tied, weight_formats=formats, backend=backend
+        )
+        graphs.append(_bind(GraphRole.MTP, mtp, source, names, rules))
     return OmniGraphs(config, graphs, shared_sources(graphs))

@@ -44,7 +44,11 @@ def text_generation_graphs(
     head = config.has_mtp_head and layout.mtp_head_present(source)
     tied = logits_from_embeddings(config, layout.lm_head_present(source))
     formats = options.weight_formats(source, layout.names)
-    rules = {**unused_tensor_rules(config, head_exported=head), **options.unused_rules}
+    rules = {
+        **unused_tensor_rules(config, head_exported=head),
+        **layout.unused,
+        **options.unused_rules,
+    }
     decoder, _ = build_decoder(
         config,
         options.precision,
