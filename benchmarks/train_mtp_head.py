@@ -9,7 +9,7 @@ trained tensors are written into the checkpoint under the released names (mtp.la
 `mobius build` exports the head as mtp.onnx.
 
 Usage (a few CPU minutes on a loaded machine):
-    python benchmarks/train_mtp_head.py --workdir /tmp/mtp_bench --seconds 150 --threads 2
+    python benchmarks/train_mtp_head.py --workdir /tmp/mtp_bench --seconds 150 --sequences 384
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from nemotron_reference import make_reference
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.torch_threads)
     torch.manual_seed(SEED)
     checkpoint = args.workdir / "checkpoint"
     model = make_reference(MODEL, SEED)
@@ -203,7 +203,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=150.0, help="training time budget")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime threads (text)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads for training (default 1: on a loaded machine 2 threads were "
+        "10-40x slower per step)",
+    )
     parser.add_argument("--sequences", type=int, default=256, help="self-generated sequences")
     parser.add_argument("--held-out", type=int, default=32, help="sequences kept for agreement")
     parser.add_argument("--batch", type=int, default=32)
