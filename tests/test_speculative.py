@@ -184,3 +184,42 @@ def test_generate_cli_refuses_speculation_without_a_head(package, tmp_path, caps
     assert code == 2 and "has no mtp.onnx" in err and "Traceback" not in err
     code = main(["generate", str(package), "--prompt", "w5", "--speculative", "-1"])
     assert code == 2 and "--speculative must be" in capsys.readouterr().err
+
+
+def _puzzle_package(root: Path) -> Path:
+    from mtp_fixtures import write_puzzle_mtp_checkpoint
+
+    checkpoint, _, _, _ = write_puzzle_mtp_checkpoint(root / "checkpoint")
+    return mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+
+
+def _gguf_q8_0_package(root: Path) -> Path:
+    from gguf_fixtures import write_gguf
+    from mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
+    path = root / "tiny.gguf"
+    write_gguf(
+        path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn_tensors(head, model.config, {})
+    )
+    return mobius_lite.build(path, weights_backend="ort").save(root / "package", quiet=True)
+
+
+@pytest.fixture(scope="module", params=["puzzle", "gguf_q8_0"])
+def other_package(request, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp(f"speculative_{request.param}")
+    return {"puzzle": _puzzle_package, "gguf_q8_0": _gguf_q8_0_package}[request.param](root)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_every_package_kind_with_a_head(other_package: Path, k: int) -> None:
+    """Puzzle (the head's own MoE shape, mtp.safetensors) and GGUF Q8_0 (the head packed, on
+    the ort backend): speculative tokens equal the runtime's plain greedy tokens."""
+    decoder = DecoderSession(other_package / "model.onnx")
+    ids, _ = prompt(1, decoder.vocab_size)
+    plain = greedy(decoder, ids, NEW_TOKENS).tokens
+    plain_state = dict(decoder.past)
+    tokens, stats = speculative_greedy(decoder, open_head(other_package), ids, NEW_TOKENS, k)
+    assert tokens[0] == plain and stats.proposed > 0
+    assert not state_failures(decoder.past, plain_state)
