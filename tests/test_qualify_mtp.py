@@ -57,3 +57,19 @@ def test_head_verdict_fails_when_the_head_is_not_the_sources(built, tmp_path) ->
     assert report.verdicts["mtp_head"].status == FAIL
     assert report.verdicts["numerical_parity"].status == PASS  # the decoder is still the model
     assert report.exit_code == 1
+
+
+def test_omni_head_verdict(tmp_path) -> None:
+    """An Omni package's head: fed the pruned prompt's ids and the decoder's hidden states,
+    its speculative decoding fed embeddings; re-scored offline alike."""
+    from mtp_fixtures import write_omni_mtp_checkpoint
+
+    checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    report = qualify(package, checkpoint, output=tmp_path / "run", steps=2)
+    assert {name: v.status for name, v in report.verdicts.items()} == dict.fromkeys(
+        ("graph_validity", "source_fidelity", "numerical_parity", "generation", "mtp_head"), PASS
+    )
+    speculative = report.verdicts["mtp_head"].evidence["speculative"]
+    assert speculative["tokens"] == report.verdicts["generation"].evidence["actual"]
+    assert rescore(tmp_path / "run").verdicts["mtp_head"].status == PASS

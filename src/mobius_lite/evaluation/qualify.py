@@ -381,7 +381,7 @@ def qualify(
 
         say("running the MTP head and the reference head, then speculative decoding")
         head_facts, head_ours, head_reference = run_heads(
-            package_dir, source_dir, config, ids, facts["tokens"], ours, names, providers
+            package_dir, source_dir, ids, facts["tokens"], ours, names, providers
         )
         ours.update(head_ours)
         reference.update(head_reference)

@@ -11,13 +11,12 @@ that drafts badly is slow, not wrong).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
@@ -49,22 +48,27 @@ def head_feeds(
     return feeds
 
 
+# (head, new tokens, k) -> (tokens, SpeculationStats)
+Speculate = Callable[[Any, int, int], tuple[list[int], Any]]
+
+
 def run_heads(
     package_dir: Path,
     source_dir: Path,
-    config: NemotronHConfig,
     prompt: list[int],
     tokens: list[int],
     decoder_arrays: Mapping[str, np.ndarray],
     steps: list[str],
     providers: list[str],
+    speculate: Speculate | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run the package's head and the reference head on the same inputs, then speculative
-    decoding; returns (facts, package head arrays, reference head arrays), keys "mtp/..."."""
+    decoding with the package's head (`speculate`; default: the text decoder on `prompt`);
+    returns (facts, package head arrays, reference head arrays), keys
+    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning)."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
-    from mobius_lite.runtime import DecoderSession
-    from mobius_lite.speculative import MtpHead, speculative_greedy
+    from mobius_lite.speculative import MtpHead
 
     facts: dict[str, Any] = {
         "graph": GraphRole.MTP.file_name,
@@ -81,15 +85,21 @@ def run_heads(
         head.reset(1)
         for step, (ids, hidden) in zip(steps, feeds, strict=True):
             logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
-            for name, value in {
-                "logits": logits,
-                "mtp_hidden_states": mtp_hidden,
-                **head.past,
-            }.items():
+            arrays = {"logits": logits, "mtp_hidden_states": mtp_hidden, **head.past}
+            for name, value in arrays.items():
                 ours[f"{HEAD_PREFIX}{step}/{name.replace('past_key_values', 'present')}"] = value
+        speculate = speculate or _text_speculation(package_dir, prompt, providers)
+        drafted, stats = speculate(head, len(tokens), SPECULATIVE_K)
     except Exception as exc:  # evidence for the report, never a traceback
         facts["error"] = f"the package head did not run: {type(exc).__name__}: {exc}"[:1000]
         return facts, {}, {}
+    facts["speculative"] = {
+        "k": SPECULATIVE_K,
+        "new_tokens": len(tokens),
+        "tokens": list(drafted),
+        "plain_tokens": list(tokens),
+        **stats.as_dict(),
+    }
     try:
         with pinned_torch():
             oracle = MtpReference(source_dir)
@@ -102,19 +112,56 @@ def run_heads(
                     reference[f"{HEAD_PREFIX}{step}/{name}"] = value
     except Exception as exc:
         facts["reference_error"] = f"{type(exc).__name__}: {exc}"[:1000]
-
-    decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
-    drafted, stats = speculative_greedy(
-        decoder, head, np.array([prompt], np.int64), len(tokens), SPECULATIVE_K
-    )
-    facts["speculative"] = {
-        "k": SPECULATIVE_K,
-        "new_tokens": len(tokens),
-        "tokens": drafted[0],
-        "plain_tokens": list(tokens),
-        **stats.as_dict(),
-    }
     return facts, ours, reference
+
+
+def _text_speculation(package_dir: Path, prompt: list[int], providers: list[str]) -> Speculate:
+    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.speculative import speculative_greedy
+
+    def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
+        decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
+        drafted, stats = speculative_greedy(
+            decoder, head, np.array([prompt], np.int64), new_tokens, k
+        )
+        return drafted[0], stats
+
+    return speculate
+
+
+def omni_heads(
+    session: Any,
+    source_dir: Path,
+    prepared: Any,
+    tokens: list[int],
+    ours: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    steps: list[str],
+) -> dict[str, Any]:
+    """run_heads for an Omni package (OmniSession `session`, its `prepared` prompt): the
+    decoder is fed embeddings, the heads ids. Adds the head arrays to `ours` / `reference`
+    and returns the facts."""
+    from mobius_lite.speculative import speculative_greedy
+
+    def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
+        drafted, stats = speculative_greedy(
+            session.decoder,
+            head,
+            prepared.input_ids,
+            new_tokens,
+            k,
+            prompt_input=prepared.inputs_embeds,
+            decoder_input=session.embed,
+        )
+        return drafted[0], stats
+
+    prompt = [int(t) for t in prepared.input_ids[0]]
+    facts, head_ours, head_reference = run_heads(
+        session.directory, source_dir, prompt, tokens, ours, steps, session.providers, speculate
+    )
+    ours.update(head_ours)
+    reference.update(head_reference)
+    return facts
 
 
 def score_head(
