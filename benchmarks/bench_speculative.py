@@ -2,6 +2,10 @@
 model benchmarks/train_mtp_head.py trained: acceptance rate and decode tokens/s for each K,
 tokens checked identical to plain greedy decoding on every prompt.
 
+The `oracle_k*` modes draft with tests/speculative_fixtures.ScriptedHead, which proposes the
+known plain continuation (every draft right, at the cost of a few numpy lines instead of a
+head call): the ceiling of the verify-and-accept mechanism on this decoder.
+
 Each round runs every mode (plain, then K = 1, 2, ...) on every prompt, in an order that
 rotates every round; a mode's time is the median over rounds. Decode tokens/s is
 (new tokens - 1) / (generation time - the median prefill time), so it leaves the 8-token
@@ -36,6 +40,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from bench_common import session_options  # noqa: E402
 
+from speculative_fixtures import ScriptedHead  # noqa: E402
+
 PROMPT = 8
 
 
@@ -53,7 +59,7 @@ def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     decoder = DecoderSession(package / "model.onnx", session_options=options)
     head = open_head(package, session_options=session_options(args.threads))
     texts = prompts(args.prompts, decoder.vocab_size)
-    modes = ["plain", *(f"k{k}" for k in args.ks)]
+    modes = ["plain", *(f"k{k}" for k in args.ks), *(f"oracle_k{k}" for k in args.ks)]
     times: dict[str, list[float]] = {m: [] for m in modes}
     prefill: list[float] = []
     counts = {m: {"proposed": 0, "accepted": 0, "rounds": 0, "rollbacks": 0} for m in modes}
@@ -73,8 +79,12 @@ def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
                 if mode == "plain":
                     tokens = greedy(decoder, ids, args.new_tokens).tokens
                 else:
+                    drafter = head
+                    if mode.startswith("oracle"):  # drafts the known continuation: always right
+                        known = np.array([[*ids[0], *plain_tokens[index]]])
+                        drafter = ScriptedHead(known, decoder.vocab_size, lambda row, t: False)
                     drafted, stats = speculative_greedy(
-                        decoder, head, ids, args.new_tokens, int(mode[1:])
+                        decoder, drafter, ids, args.new_tokens, int(mode.rpartition("k")[2])
                     )
                     tokens = drafted[0]
                     if r == 0:
