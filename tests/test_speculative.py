@@ -223,3 +223,17 @@ def test_every_package_kind_with_a_head(other_package: Path, k: int) -> None:
     tokens, stats = speculative_greedy(decoder, open_head(other_package), ids, NEW_TOKENS, k)
     assert tokens[0] == plain and stats.proposed > 0
     assert not state_failures(decoder.past, plain_state)
+
+
+@pytest.mark.parametrize("new_tokens", [1, 2, 3])
+def test_fewer_tokens_than_drafts(package, plain_runs, new_tokens: int) -> None:
+    """A round never drafts past max_new_tokens: 1, 2 or 3 tokens at K = 4 are plain's."""
+    run = plain_runs[2]
+    decoder = DecoderSession(package / "model.onnx")
+    tokens, stats = speculative_greedy(
+        decoder, open_head(package), run["ids"], new_tokens, 4, attention_mask=run["mask"]
+    )
+    assert np.array_equal(np.array(tokens), run["tokens"][:, :new_tokens])
+    # the first round drafts new_tokens - 2 (its own next token is the last one), per row
+    assert stats.proposed == 2 * max(new_tokens - 2, 0)
+    assert decoder.mask.shape[1] == run["ids"].shape[1] + new_tokens - 1
