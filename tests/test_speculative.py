@@ -237,3 +237,25 @@ def test_fewer_tokens_than_drafts(package, plain_runs, new_tokens: int) -> None:
     # the first round drafts new_tokens - 2 (its own next token is the last one), per row
     assert stats.proposed == 2 * max(new_tokens - 2, 0)
     assert decoder.mask.shape[1] == run["ids"].shape[1] + new_tokens - 1
+
+
+@pytest.mark.parametrize("wrong", ["never", "every fifth"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_stop_token_inside_an_accepted_round(package, plain_runs, k: int, wrong: str) -> None:
+    """A stop token among a round's accepted drafts ends generation there, with the decoder
+    state plain decoding (runtime.greedy with the stop token) leaves."""
+    run = plain_runs[1]
+    ids, sequence = run["ids"], np.concatenate([run["ids"], run["tokens"]], axis=1)
+    stop = int(run["tokens"][0, 20])
+    decoder = DecoderSession(package / "model.onnx")
+    plain = greedy(decoder, ids, NEW_TOKENS, stop_tokens={stop}).tokens
+    plain_state, plain_mask = dict(decoder.past), decoder.mask
+    assert plain[-1] == stop and len(plain) <= 21
+    head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, stops={stop})
+    assert tokens[0] == plain
+    if wrong == "never":  # rounds emit k + 1 tokens after the first; one ending mid-round re-runs
+        last = len(plain) - 1
+        assert stats.rollbacks == int(last > 0 and (last - 1) % (k + 1) != k)
+    np.testing.assert_array_equal(decoder.mask, plain_mask)
+    assert not state_failures(decoder.past, plain_state)

@@ -242,15 +242,18 @@ def speculative_greedy(
             head.truncate(head.length - (drafts_wanted - 1))
         pending = greedy[:, accepted]
         new = np.concatenate([fed[:, 1:kept], pending[:, None]], axis=1)
+        stop = next((i for i, t in enumerate(new[0].tolist()) if t in stop_set), None)
+        if stop is not None:  # plain decoding stops there, having fed fed[:, : stop + 1]
+            if stop + 1 < kept:
+                decoder.past, decoder.mask = dict(saved[0]), saved[1]
+                record(decoder.step(feed(fed[:, : stop + 1]), logits_to_keep=1))
+                stats.rollbacks += 1
+                stats.decoder_tokens += stop + 1
+            tokens[0] += [int(t) for t in new[0, : stop + 1]]
+            break
         backlog.add(new, hidden, np.ones((batch, kept), np.int64))
         for row in range(batch):
             tokens[row] += [int(t) for t in new[row]]
-    for row in range(batch):
-        del tokens[row][max_new_tokens:]
-        for i, token in enumerate(tokens[row]):
-            if token in stop_set:
-                del tokens[row][i + 1 :]
-                break
     return tokens, stats
 
 
