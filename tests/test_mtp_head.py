@@ -14,7 +14,10 @@ import mobius_lite
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.loader import load_text_config
 from mobius_lite.enums import GraphRole
+from mobius_lite.errors import CheckpointError, ConfigError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
+from mobius_lite.graphs.cache import mtp_cache_tensors
+from mobius_lite.weights.verify import verify_package
 from mtp_fixtures import (
     PUZZLE_MTP_BLOCKS,
     drive_head_parity,
@@ -54,6 +57,8 @@ def test_safetensors_package_carries_the_head(nemotron_h) -> None:
     assert not any(name.startswith("mtp.") for name in manifest["unused"])
     head_sources = {s for b in package.graph(GraphRole.MTP).plan.bindings for s in b.sources}
     assert set(nemotron_h["head"]) | set(SHARED) == head_sources
+    report = verify_package(out, nemotron_h["checkpoint"])
+    assert report.ok and report.checked == len(manifest["sources"])
 
 
 @pytest.mark.parametrize(("batch", "left_padding"), [(1, ()), (2, (3,))])
@@ -189,3 +194,76 @@ def test_omni_head_parity(tmp_path: Path) -> None:
     comparisons = drive_head_parity(text, reference, out, config, decoder_input=omni_embedder(out))
     assert len(comparisons) == 6 * 5
     assert not _failures(comparisons)
+
+
+# --------------------------------------------------------------------------- bad input
+HEAD_CONFIG = {
+    "model_type": "nemotron_h",
+    "hybrid_override_pattern": "M*E",
+    "num_nextn_predict_layers": 1,
+}
+
+
+def test_head_config_spellings() -> None:
+    """mtp_layers_block_type defaults to attention + moe; the legacy pattern "*E" says the
+    same; the head's cache names come from its attention block."""
+    default = NemotronHConfig.from_dict(HEAD_CONFIG)
+    legacy = NemotronHConfig.from_dict({**HEAD_CONFIG, "mtp_hybrid_override_pattern": "*E"})
+    listed = NemotronHConfig.from_dict(
+        {**HEAD_CONFIG, "mtp_layers_block_type": ["full_attention", "moe"]}
+    )
+    assert default.mtp_layers == legacy.mtp_layers == listed.mtp_layers
+    assert [layer.cache_layer for layer in default.mtp_layers] == ["mtp.0", "mtp.1"]
+    assert [c.past_name for c in mtp_cache_tensors(default, ir.DataType.FLOAT)] == [
+        "past_key_values.mtp.0.key",
+        "past_key_values.mtp.0.value",
+    ]
+    assert (
+        NemotronHConfig.from_dict({**HEAD_CONFIG, "num_nextn_predict_layers": 0}).mtp_layers == ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_nextn_predict_layers": 2}, "only 0 or 1"),
+        ({"mtp_layers_block_type": ["mamba", "moe"]}, "must be attention or moe"),
+        (
+            {"mtp_layers_block_type": ["attention", "moe"], "mtp_hybrid_override_pattern": "E*"},
+            "disagree",
+        ),
+        ({"mtp_hybrid_override_pattern": ["*", "E"]}, "must be a string"),
+    ],
+)
+def test_bad_head_configs_are_one_clear_error(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        NemotronHConfig.from_dict({**HEAD_CONFIG, **fields})
+
+
+def test_puzzle_head_moe_needs_its_sizes() -> None:
+    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config
+
+    raw = puzzle_raw_config(
+        HETEROGENEOUS_BLOCKS,
+        num_nextn_predict_layers=1,
+        mtp_block_configs=[{"block_type": "attention"}, {"block_type": "moe"}],
+    )
+    with pytest.raises(ConfigError, match=r"mtp_block_configs\[1\] \(moe\) gives no"):
+        load_text_config(raw)
+
+
+def test_an_incomplete_head_is_one_clear_error(nemotron_h, tmp_path: Path) -> None:
+    """A checkpoint with the head's fusion projection but not its other tensors fails before
+    anything is written, naming what is missing."""
+    from safetensors.numpy import load_file, save_file
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    for f in nemotron_h["checkpoint"].iterdir():
+        if f.name != "model.safetensors":
+            (checkpoint / f.name).symlink_to(f)
+    tensors = load_file(nemotron_h["checkpoint"] / "model.safetensors")
+    del tensors["mtp.layers.1.final_layernorm.weight"]
+    save_file(tensors, checkpoint / "model.safetensors")
+    with pytest.raises(CheckpointError, match="mtp.layers.1.final_layernorm.weight"):
+        mobius_lite.build(checkpoint)
