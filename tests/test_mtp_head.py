@@ -267,3 +267,45 @@ def test_an_incomplete_head_is_one_clear_error(nemotron_h, tmp_path: Path) -> No
     save_file(tensors, checkpoint / "model.safetensors")
     with pytest.raises(CheckpointError, match="mtp.layers.1.final_layernorm.weight"):
         mobius_lite.build(checkpoint)
+
+
+def test_modelopt_nvfp4_head_parity(tmp_path: Path) -> None:
+    """ModelOpt NVFP4: the head's linears are NVFP4 as the decoder's, stay packed in mtp.onnx,
+    and match the head reference on the independently dequantized weights."""
+    import numpy as np
+
+    import modelopt_fixtures as mf
+    from mtp_fixtures import HeadShape, head_tensors
+
+    shape = HeadShape(
+        hidden=32, heads=4, kv_heads=2, head_dim=8, experts=8, inner=16, shared_inner=32
+    )
+    head = head_tensors(shape, np.random.default_rng(11))
+
+    def add_head(tensors: dict, config: dict, _hf: dict | None) -> None:
+        config["num_nextn_predict_layers"] = 1
+        for name, value in head.items():
+            linear = value.ndim == 2 and not name.endswith("gate.weight")
+            if not linear:
+                tensors[name] = value
+                continue
+            module = name.removesuffix(".weight")
+            for suffix, part in mf.quantize_nvfp4(value).items():
+                tensors[f"{module}.{suffix}"] = part
+            tensors[f"{module}.input_scale"] = np.array(4.0 / (6.0 * 448.0), dtype=np.float32)
+
+    checkpoint = tmp_path / "checkpoint"
+    mf.write_checkpoint("nvfp4", checkpoint, edit=add_head)
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    weights = package.graph(GraphRole.MTP).model.graph.initializers
+    assert weights["mtp.layers.0.eh_proj.weight"].dtype == ir.DataType.UINT8  # packed NVFP4
+
+    reference_decoder = mf.dense_reference(checkpoint, tmp_path / "reference")
+    dense = mf.dequantized_state_dict(checkpoint)
+    reference = head_reference(
+        reference_decoder, {n: v for n, v in dense.items() if n.startswith("mtp.")}
+    )
+    comparisons = drive_head_parity(reference_decoder, reference, out, package.config)
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
