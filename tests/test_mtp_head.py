@@ -309,3 +309,38 @@ def test_modelopt_nvfp4_head_parity(tmp_path: Path) -> None:
     comparisons = drive_head_parity(reference_decoder, reference, out, package.config)
     assert len(comparisons) == 6 * 5
     assert not _failures(comparisons)
+
+
+def test_gguf_head_metadata(tmp_path: Path) -> None:
+    """The nextn block is cut from the decoder's layers; config.json may say the same in
+    transformers' spelling; a head block with other head counts is one clear error."""
+    from gguf_fixtures import dequantized_arrays
+    from mobius_lite.configs.gguf_metadata import config_from_gguf
+    from mtp_fixtures import HEAD_PATTERN
+
+    path = _gguf_with_head(tmp_path)
+    _, metadata = dequantized_arrays(path)
+    given = {"mtp_layers_block_type": ["full_attention", "moe"], "num_nextn_predict_layers": 1}
+    config = NemotronHConfig.from_dict(config_from_gguf(metadata, given))
+    assert config.num_hidden_layers == len(HEAD_PATTERN) and config.has_mtp_head
+    arch = metadata["general.architecture"]
+    kv = list(metadata[f"{arch}.attention.head_count_kv"])
+    kv[-1] = 1  # the head's block: 1 KV head, the decoder's attention layer 2
+    with pytest.raises(ConfigError, match="multi-token-prediction block 4 has num_key_value"):
+        config_from_gguf({**metadata, f"{arch}.attention.head_count_kv": kv})
+    with pytest.raises(ConfigError, match="nextn_predict_layers=2"):
+        config_from_gguf({**metadata, f"{arch}.nextn_predict_layers": 2})
+
+
+def _gguf_with_head(tmp_path: Path) -> Path:
+    import numpy as np
+
+    from gguf_fixtures import write_gguf
+    from mtp_fixtures import HEAD_PATTERN, global_head_shape, head_tensors, nextn_tensors
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, model, "nemotron_h_moe", {}, nextn=nextn_tensors(head, model.config))
+    return path
