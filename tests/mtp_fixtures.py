@@ -315,7 +315,7 @@ GGUF_HEAD_NAMES = {
     "mtp.layers.0.hnorm.weight": "nextn.hnorm.weight",
     "mtp.layers.1.final_layernorm.weight": "nextn.shared_head_norm.weight",
     "mtp.layers.0.norm.weight": "attn_norm.weight",
-    "mtp.layers.1.norm.weight": "ffn_norm.weight",
+    "mtp.layers.1.norm.weight": "post_attention_norm.weight",
     "mtp.layers.0.mixer.q_proj.weight": "attn_q.weight",
     "mtp.layers.0.mixer.k_proj.weight": "attn_k.weight",
     "mtp.layers.0.mixer.v_proj.weight": "attn_v.weight",

@@ -288,7 +288,7 @@ def _nextn_fields(meta: _Meta, blocks: int, nextn: int, out: dict[str, Any]) -> 
 
 def _normalise(field: str, value: Any) -> Any:
     """A comparable form of one config value (kinds parsed, floats at float32 precision)."""
-    if field == "layers_block_type":
+    if field in ("layers_block_type", "mtp_layers_block_type"):
         return [parse_layer_kind(k, f"{field}[{i}]") for i, k in enumerate(value)]
     if field == "time_step_limit":
         return [decode_float(v, field) for v in value]

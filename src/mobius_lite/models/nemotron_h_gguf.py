@@ -158,14 +158,15 @@ BLOCK_NAME = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<rest>.+)$")
 
 # The multi-token-prediction head, which the converter folds into block n_layer (the last,
 # with {arch}.nextn_predict_layers = 1): its own tensors, its attention sub-layer's (the
-# decoder's attention names) and its MoE sub-layer's (the decoder's MoE names).
+# decoder's attention names) and its MoE sub-layer's (the decoder's MoE names), as llama.cpp's
+# nemotron_h_moe MTP graph (src/models/nemotron-h-moe.cpp) reads them.
 HEAD_TENSORS: dict[str, str] = {
     "nextn.eh_proj.weight": "mtp.layers.0.eh_proj.weight",
     "nextn.enorm.weight": "mtp.layers.0.enorm.weight",
     "nextn.hnorm.weight": "mtp.layers.0.hnorm.weight",
     "nextn.shared_head_norm.weight": "mtp.layers.1.final_layernorm.weight",
     "attn_norm.weight": "mtp.layers.0.norm.weight",
-    "ffn_norm.weight": "mtp.layers.1.norm.weight",
+    "post_attention_norm.weight": "mtp.layers.1.norm.weight",
 }
 HEAD_ATTENTION = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
 HEAD_MOE = (

@@ -18,6 +18,7 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.components import Embedding, Linear, RMSNorm
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import LayerSpec, NemotronHConfig
+from mobius_lite.errors import ConfigError
 from mobius_lite.models.nemotron_h import Block, StepInputs, output_logits, step_inputs
 
 
@@ -103,7 +104,10 @@ class NemotronHMTPForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         if not config.mtp_layers:
-            raise ValueError("the config declares no multi-token-prediction head")
+            raise ConfigError(
+                "the config declares no multi-token-prediction head (num_nextn_predict_layers "
+                "is 0, or a Puzzle config without mtp_block_configs): there is no mtp graph"
+            )
         self.config = config
         self.backbone = _SharedEmbeddings(config, ctx)
         self.mtp = MTPModel(config, ctx)

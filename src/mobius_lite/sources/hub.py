@@ -27,7 +27,7 @@ from huggingface_hub import errors as hub_errors_module
 from mobius_lite.errors import CheckpointError, ConfigError
 from mobius_lite.layout import CONFIG_FILE, TOKENIZER_FILES
 from mobius_lite.registry import COMMIT_SHA, resolve_revision
-from mobius_lite.sources.safetensors_files import COMPANION_NAMES, INDEX_NAME
+from mobius_lite.sources.safetensors_files import INDEX_NAME
 
 # Small files fetched first: everything needed to validate the export before the weights.
 METADATA_PATTERNS = (
@@ -207,13 +207,12 @@ def fetch_weights(resolved: ResolvedCheckpoint) -> ResolvedCheckpoint:
 
 
 def weight_patterns(folder: Path) -> list[str]:
-    """The shard files named by the safetensors index (and the unlisted companions, e.g.
-    mtp.safetensors, when the repository has them) if there is one, else every *.safetensors."""
+    """The shard files named by the safetensors index if there is one, else every *.safetensors."""
     index = folder / INDEX_NAME
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-            return sorted(set(weight_map.values()) | set(COMPANION_NAMES))
+            return sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise CheckpointError(f"{index}: not a valid safetensors index") from None
     return list(WEIGHT_PATTERNS)
