@@ -81,18 +81,20 @@ def damaged(package: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("how", ["data-missing", "data-truncated", "graph-missing", "graph-cut"])
-@pytest.mark.parametrize("command", ["generate", "verify", "inspect"])
+@pytest.mark.parametrize("command", ["generate", "verify", "inspect", "qualify"])
 def test_incomplete_package_is_one_clear_error(
     command, how, package, checkpoint, tmp_path, capsys
 ) -> None:
     """Before: generate raised onnxruntime's Fail / NoSuchFile / InvalidProtobuf traceback,
     verify a FileNotFoundError or DecodeError traceback (or 34 MISMATCH lines for a cut data
-    file), inspect exited 0. Now the shared package reader says what is missing first."""
+    file), inspect exited 0, qualify ran and reported failed verdicts. Now the shared package
+    reader says what is missing first."""
     broken, expected = damaged(package, tmp_path, how)
     args = {
         "generate": ["generate", str(broken), "--prompt", "w1", "--ids"],
         "verify": ["verify", str(broken), "--source", str(checkpoint), "-q"],
         "inspect": ["inspect", str(broken)],
+        "qualify": ["qualify", str(broken), "--source", str(checkpoint), "-q"],
     }[command]
     code, _, err = run_cli(args, capsys)
     if command == "inspect" and how.startswith("graph"):
@@ -178,6 +180,18 @@ def test_missing_optional_package_names_it_and_its_extra(
     monkeypatch.setitem(sys.modules, module, None)  # import raises ModuleNotFoundError
     code, _, err = run_cli([a.format(pkg=package) for a in args], capsys)
     assert_one_line(code, err, args[0], f"needs {pip}", "pip install 'mobius-lite[runtime]'")
+
+
+@pytest.mark.parametrize("module", ["torch", "transformers"])
+def test_qualify_without_the_reference_packages(
+    module, package, checkpoint, tmp_path, monkeypatch, capsys
+):
+    """Before: qualify ran the package, then reported NOT_RUN verdicts and exited 0."""
+    monkeypatch.setitem(sys.modules, module, None)
+    args = ["qualify", str(package), "--source", str(checkpoint), "--output", str(tmp_path / "q")]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line(code, err, "qualify", f"needs {module}", "mobius-lite[reference]")
+    assert not (tmp_path / "q").exists()
 
 
 def test_missing_pillow_for_an_image(tmp_path, monkeypatch) -> None:

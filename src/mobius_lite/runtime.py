@@ -1,10 +1,11 @@
 """Run an exported decoder with onnxruntime: empty caches, prefill, decode, greedy generation.
 
 The one decoder stepper and the one greedy loop: `mobius generate`, OmniSession, the
-qualification harness, benchmarks and tests all drive packages through DecoderSession and
-`greedy`. Every input's element type and every cache input's shape are read from the
-onnxruntime session itself, so f32, f16 and bf16 packages (and instrumented twins) run the
-same way. Requires the `runtime` extra.
+qualification harness and tests drive packages through DecoderSession and `greedy` (the
+benchmarks that time prefill and each decode step call DecoderSession.step themselves).
+Every input's element type and every cache input's shape are read from the onnxruntime
+session itself, so f32, f16 and bf16 packages (and instrumented twins) run the same way.
+Requires the `runtime` extra.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def input_dtypes(session: Any) -> dict[str, np.dtype]:
 
 def ort_module() -> Any:
     """onnxruntime, or one clear error naming the extra that brings it."""
-    return require("onnxruntime", "run a package")
+    return require("onnxruntime", "running a package")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,6 @@ from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.media.tokenizer import load_tokenizer
 from mobius_lite.routes import EXECUTION_PROVIDERS
 
-OMNI_MODEL_TYPE = "nemotron_h_omni"
-
 EPILOG = textwrap.dedent(
     """\
     examples:
@@ -72,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mobius_lite.configs.omni import OMNI_MODEL_TYPE
     from mobius_lite.package_reader import open_package
     from mobius_lite.runtime import session_providers
     from mobius_lite.sources.config_json import read_config_json

@@ -116,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = f"mobius {args.command}"
     try:
         with _signals_interrupt():
-            return int(args.run(args) or 0)
+            code = int(args.run(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return code
     except MobiusError as exc:
         print(f"{where}: error: {exc}", file=sys.stderr)
     except Interrupted as exc:

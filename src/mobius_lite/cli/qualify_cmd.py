@@ -9,6 +9,8 @@ from mobius_lite.cli import COMMANDS
 from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.qualify import DEFAULT_STEPS
+from mobius_lite.optional import require
+from mobius_lite.package_reader import open_package
 from mobius_lite.routes import EXECUTION_PROVIDERS
 
 EPILOG = textwrap.dedent(
@@ -85,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.package:
             raise ConfigError("give PACKAGE (and optionally --source CHECKPOINT), or --rescore DIR")
+        for module in ("onnxruntime", "torch", "transformers"):  # before any run or download
+            require(module, "qualify")
+        open_package(args.package)  # every graph and data file there, before the source is read
         ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
         report = qualify(
             args.package,

@@ -23,7 +23,8 @@ EPILOG = textwrap.dedent(
       - the sha256 of the source and written bytes recorded at export time
 
     exit status: 0 when everything matches, 1 when anything mismatches (each mismatch is
-    printed on its own line), 2 on an error (not a package, unreadable checkpoint).
+    printed on its own line), 2 on an error (not a package; a graph or data file missing,
+    truncated or linked, checked before the source is read; unreadable checkpoint).
 
     examples:
       mobius verify ./nano9b --source ./NVIDIA-Nemotron-Nano-9B-v2

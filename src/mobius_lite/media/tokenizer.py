@@ -27,9 +27,9 @@ def load_tokenizer(package: Path) -> Any:
         raise ConfigError(f"{path} is not a readable tokenizer ({exc})") from None
 
 
-def tokenizer_id_count(tokenizer_json: Path | bytes) -> int | None:
-    """One more than the largest id tokenizer.json can produce (its model's vocabulary and
-    its added tokens), read from the JSON alone; None when the file does not say."""
+def _tokens_by_id(tokenizer_json: Path | bytes) -> dict[int, str] | None:
+    """id -> token of tokenizer.json (its model's vocabulary and its added tokens), read from
+    the JSON alone; None when the file cannot be read."""
     try:
         text = tokenizer_json if isinstance(tokenizer_json, bytes) else tokenizer_json.read_bytes()
         data = json.loads(text)
@@ -37,24 +37,37 @@ def tokenizer_id_count(tokenizer_json: Path | bytes) -> int | None:
         return None
     if not isinstance(data, dict):
         return None
-    ids: list[int] = []
+    tokens: dict[int, str] = {}
     vocab = (data.get("model") or {}).get("vocab")
     if isinstance(vocab, dict):
-        ids += [i for i in vocab.values() if isinstance(i, int)]
+        tokens.update({i: t for t, i in vocab.items() if isinstance(i, int)})
     elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids are positions
-        ids.append(len(vocab) - 1)
-    ids += [t["id"] for t in data.get("added_tokens") or [] if isinstance(t.get("id"), int)]
-    return max(ids) + 1 if ids else None
+        tokens.update({i: str(entry[0]) for i, entry in enumerate(vocab) if entry})
+    for added in data.get("added_tokens") or []:
+        if isinstance(added.get("id"), int):
+            tokens[added["id"]] = str(added.get("content"))
+    return tokens
+
+
+def tokenizer_id_count(tokenizer_json: Path | bytes) -> int | None:
+    """One more than the largest id tokenizer.json can produce; None when it does not say."""
+    tokens = _tokens_by_id(tokenizer_json)
+    return max(tokens) + 1 if tokens else None
 
 
 def vocabulary_mismatch(tokenizer_json: Path | bytes, vocab_size: int) -> str | None:
     """A warning when the tokenizer can produce ids the model has no embedding for (the
     package still exports: `generate` refuses such an id when a prompt contains one)."""
-    count = tokenizer_id_count(tokenizer_json)
-    if count is None or count <= vocab_size:
+    tokens = _tokens_by_id(tokenizer_json) or {}
+    beyond = sorted(i for i in tokens if i >= vocab_size)
+    if not beyond:
         return None
+    shown = ", ".join(f"{i} {tokens[i]!r}" for i in beyond[:3])
+    more = f" and {len(beyond) - 3} more" if len(beyond) > 3 else ""
     return (
-        f"the tokenizer has {count} token ids but the model's vocabulary has {vocab_size}: "
-        f"ids {vocab_size} to {count - 1} have no embedding, and generate refuses a prompt "
-        "that contains one; check that tokenizer.json belongs to this checkpoint"
+        f"the tokenizer has {max(tokens) + 1} token ids but the model's vocabulary has "
+        f"{vocab_size}: {len(beyond)} of its tokens ({shown}{more}) "
+        f"{'has' if len(beyond) == 1 else 'have'} no embedding, and "
+        "generate refuses a prompt that contains one; check that tokenizer.json belongs to "
+        "this checkpoint"
     )
