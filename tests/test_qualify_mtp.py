@@ -73,3 +73,16 @@ def test_omni_head_verdict(tmp_path) -> None:
     speculative = report.verdicts["mtp_head"].evidence["speculative"]
     assert speculative["tokens"] == report.verdicts["generation"].evidence["actual"]
     assert rescore(tmp_path / "run").verdicts["mtp_head"].status == PASS
+
+
+def test_puzzle_head_verdict(tmp_path) -> None:
+    """A Puzzle head has its own attention and MoE sizes (mtp_block_configs) and its tensors in
+    mtp.safetensors: the reference reads both."""
+    from mtp_fixtures import write_puzzle_mtp_checkpoint
+
+    checkpoint, _, _, _ = write_puzzle_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    report = qualify(package, checkpoint, output=tmp_path / "run", steps=2)
+    head = report.verdicts["mtp_head"]
+    assert head.status == PASS, head.summary
+    assert report.verdicts["numerical_parity"].status == PASS

@@ -94,8 +94,11 @@ class MtpReference:
         self.eps = float(text.get("layer_norm_epsilon", text.get("rms_norm_eps", 1e-5)))
         q = t["mtp.layers.0.mixer.q_proj.weight"]
         k = t["mtp.layers.0.mixer.k_proj.weight"]
+        attention = head_block(text, "attention")
         self.head_dim = int(
-            text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+            attention.get("head_dim")
+            or text.get("head_dim")
+            or text["hidden_size"] // text["num_attention_heads"]
         )
         self.heads = q.shape[0] // self.head_dim
         self.kv_heads = k.shape[0] // self.head_dim
@@ -112,21 +115,24 @@ class MtpReference:
         up = self.t[f"{p}experts.0.up_proj.weight"]
         latent = self.t.get(f"{p}fc1_latent_proj.weight")
         fields = {k: text[k] for k in MOE_FIELDS if k in text}
-        block = (json_blocks(text) or [{}, {}])[-1]
+        block = head_block(text, "moe")
+        shared = self.t.get(f"{p}shared_experts.up_proj.weight")
         fields.update(
             n_routed_experts=len(experts),
             moe_intermediate_size=up.shape[0],
             moe_latent_size=None if latent is None else latent.shape[0],
-            moe_shared_expert_intermediate_size=self.t[f"{p}shared_experts.up_proj.weight"].shape[
-                0
-            ],
+            moe_shared_expert_intermediate_size=1 if shared is None else shared.shape[0],
         )
-        for name in ("num_experts_per_tok", "n_group", "topk_group"):
-            if name in block:
+        for name in MOE_FIELDS:
+            if block.get(name) is not None:
                 fields[name] = block[name]
         config = hf_config(**fields)
         config._experts_implementation = "eager"
         module = moe_class(config).eval()
+        if shared is None:  # a head without a shared expert (Puzzle n_shared_experts 0)
+            from mobius_lite.evaluation.puzzle_reference import _no_shared_expert
+
+            module.shared_experts = _no_shared_expert()
         state = {
             n[len(p) :]: v for n, v in self.t.items() if n.startswith(p) and ".experts." not in n
         }
@@ -206,6 +212,10 @@ class MtpReference:
         return y + t[f"{p}o_proj.bias"] if f"{p}o_proj.bias" in t else y
 
 
-def json_blocks(text: dict) -> list[dict]:
-    """Puzzle's mtp_block_configs (the head's own MoE shape), [] for other configs."""
-    return list(text.get("mtp_block_configs") or [])
+def head_block(text: dict, kind: str) -> dict:
+    """Puzzle's mtp_block_configs entry of `kind` ("attention", "moe"): the head's own sizes
+    and routing, which differ from the backbone's; {} for other configs."""
+    for block in text.get("mtp_block_configs") or []:
+        if str(block.get("block_type", "")).lower() == kind:
+            return dict(block)
+    return {}
