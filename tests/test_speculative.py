@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import mobius_lite
 from mobius_lite.cli.main import main
+from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.runtime import DecoderSession, greedy
 from mobius_lite.speculative import MtpHead, open_head, speculative_greedy
@@ -175,10 +176,17 @@ def test_generate_cli_reports_drafts(package, capsys) -> None:
         assert "drafts proposed" in captured.err and "accepted" in captured.err
 
 
-def test_generate_cli_refuses_speculation_without_a_head(package, tmp_path, capsys) -> None:
-    make_reference({"layers_block_type": HEAD_PATTERN}, 0).save_pretrained(tmp_path / "plain")
-    plain = mobius_lite.build(tmp_path / "plain").save(tmp_path / "package", quiet=True)
+@pytest.fixture(scope="module")
+def headless_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("headless")
+    make_reference({"layers_block_type": HEAD_PATTERN}, 0).save_pretrained(root / "checkpoint")
+    plain = mobius_lite.build(root / "checkpoint").save(root / "package", quiet=True)
     save_tokenizer(plain)
+    return plain
+
+
+def test_generate_cli_refuses_speculation_without_a_head(package, headless_package, capsys) -> None:
+    plain = headless_package
     code = main(["generate", str(plain), "--prompt", "w5", "--speculative", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "has no mtp.onnx" in err and "Traceback" not in err
@@ -259,3 +267,14 @@ def test_stop_token_inside_an_accepted_round(package, plain_runs, k: int, wrong:
         assert stats.rollbacks == int(last > 0 and (last - 1) % (k + 1) != k)
     np.testing.assert_array_equal(decoder.mask, plain_mask)
     assert not state_failures(decoder.past, plain_state)
+
+
+def test_graphs_outside_the_head_contract_are_refused(package, headless_package) -> None:
+    """A graph that is not a head, and a decoder without hidden_states, are one clear error."""
+    with pytest.raises(PackageError, match="lacks hidden_states"):
+        MtpHead(package / "model.onnx")
+    decoder = DecoderSession(headless_package / "model.onnx")
+    with pytest.raises(PackageError, match="has no hidden_states output"):
+        speculative_greedy(decoder, open_head(package), np.array([[5, 6]]), 4, 2)
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        speculative_greedy(decoder, open_head(package), np.array([[5, 6]]), 4, 0)
