@@ -293,6 +293,7 @@ def write_gguf(
     scales: dict[str, np.ndarray] | None = None,
     puzzle: bool = False,
     packed: dict[str, tuple[np.ndarray, str]] | None = None,
+    nextn: dict[str, np.ndarray] | None = None,
 ) -> list[Path]:
     """Write `model` as llama.cpp's converter would; returns the written file(s).
 
@@ -306,9 +307,14 @@ def write_gguf(
     NemotronHPuzzleModel does: nemotron_h_moe with per-layer feed_forward_length,
     expert_feed_forward_length and expert_used_count (0 for a layer without MoE) and per-layer
     head counts; expert count, shared-expert length and latent size global.
+    nextn: the MTP head's tensors of block n_layer (GGUF names; mtp_fixtures.nextn_tensors),
+    which then counts in block_count and the per-layer arrays as an attention + MoE block,
+    with nextn_predict_layers = 1.
     """
     if puzzle and arch != "nemotron_h_moe":
         raise ValueError("the converter writes Puzzle checkpoints as nemotron_h_moe")
+    if puzzle and nextn:
+        raise ValueError("llama.cpp's converter writes no MTP head for Puzzle checkpoints")
     path = Path(path)
     config = model.config
     rng = np.random.default_rng(seed)
@@ -317,13 +323,17 @@ def write_gguf(
         tensors[name] = tensors[name] / _per_slice(scale, tensors[name])
         tensors[name.removesuffix(".weight") + ".scale"] = np.asarray(scale, np.float32)
     tensors.update(extra_tensors or {})
+    tensors.update(nextn or {})
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split or 0)
 
     n_layer = config.num_hidden_layers
     kinds = [_kind(config, i) for i in range(n_layer)]
     pairs = [(layer_config(model, i), kinds[i]) for i in range(n_layer)]
     ffn = config.moe_intermediate_size if arch == "nemotron_h_moe" else config.intermediate_size
-    writer.add_block_count(n_layer)
+    if nextn:
+        kinds.append("nextn")  # attention heads and an FFN length in one block
+        writer.add_uint32(f"{arch}.nextn_predict_layers", 1)
+    writer.add_block_count(len(kinds))
     writer.add_context_length(2**20)  # GraniteHybridModel: no RoPE
     writer.add_embedding_length(config.hidden_size)
     writer.add_vocab_size(config.vocab_size)
@@ -331,10 +341,15 @@ def write_gguf(
         widths = [c.moe_intermediate_size if k == "moe" else 0 for c, k in pairs]
         writer.add_feed_forward_length(widths)
         writer.add_head_count([c.num_attention_heads if k == "attention" else 0 for c, k in pairs])
+        writer.add_head_count_kv(
+            [c.num_key_value_heads if k == "attention" else 0 for c, k in pairs]
+        )
     else:
-        writer.add_feed_forward_length([ffn if k in ("mlp", "moe") else 0 for k in kinds])
+        writer.add_feed_forward_length([ffn if k in ("mlp", "moe", "nextn") else 0 for k in kinds])
         writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv([c.num_key_value_heads if k == "attention" else 0 for c, k in pairs])
+        writer.add_head_count_kv(
+            [config.num_key_value_heads if k in ("attention", "nextn") else 0 for k in kinds]
+        )
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
@@ -472,6 +487,10 @@ def dequantized_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     arrays = apply_sidecars(arrays)
     arch = metadata["general.architecture"]
     n_head = int(metadata[f"{arch}.attention.head_count"])
+    # the MTP head's block (nextn_predict_layers, the last blocks) is not a decoder layer
+    n_layer = int(metadata[f"{arch}.block_count"]) - int(
+        metadata.get(f"{arch}.nextn_predict_layers", 0)
+    )
     kv = metadata[f"{arch}.attention.head_count_kv"]
     out: dict[str, np.ndarray] = {
         "model.embeddings.weight": arrays["token_embd.weight"],
@@ -502,6 +521,8 @@ def dequantized_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         if match is None:
             continue
         layer, rest = int(match[1]), match[2]
+        if layer >= n_layer:
+            continue
         prefix = f"model.layers.{layer}."
         if rest in simple:
             out[prefix + simple[rest]] = value

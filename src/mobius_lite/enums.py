@@ -40,10 +40,10 @@ class StateRole(str, enum.Enum):
     CONV = "conv_state"
     RECURRENT = "recurrent_state"
 
-    def past_name(self, layer: int) -> str:
+    def past_name(self, layer: int | str) -> str:
         return f"past_key_values.{layer}.{self.value}"
 
-    def present_name(self, layer: int) -> str:
+    def present_name(self, layer: int | str) -> str:
         return f"present.{layer}.{self.value}"
 
 
@@ -55,6 +55,7 @@ class GraphRole(str, enum.Enum):
     VISION_ENCODER = "vision_encoder"
     VIDEO_ENCODER = "video_encoder"
     AUDIO_ENCODER = "audio_encoder"
+    MTP = "mtp"  # the multi-token-prediction draft head (docs/decoder_contract.md)
 
     @property
     def file_name(self) -> str:

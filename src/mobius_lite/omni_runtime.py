@@ -30,6 +30,7 @@ from mobius_lite.runtime import (
     input_dtypes,
 )
 from mobius_lite.sources.config_json import read_config_json
+from mobius_lite.speculative import SpeculationStats, open_head, speculative_greedy
 
 IMAGE_FEATURES = "image_features"
 AUDIO_FEATURES = "audio_features"
@@ -228,6 +229,27 @@ class OmniSession:
             next_input=self.embed_token,
             stop_tokens=self.stop_tokens,
         )
+
+    def generate_speculative(
+        self, input_ids: np.ndarray, media: Media | None, max_new_tokens: int, k: int
+    ) -> tuple[list[int], list[dict[str, np.ndarray]], SpeculationStats]:
+        """`generate`'s greedy tokens, drafted `k` at a time by the package's MTP head and
+        verified by the decoder (speculative.py); also the draft counts."""
+        head = open_head(self.directory, self.providers)
+        prepared = self.prepare(input_ids, media)
+        outputs: list[dict[str, np.ndarray]] = []
+        tokens, stats = speculative_greedy(
+            self.decoder,
+            head,
+            prepared.input_ids,
+            max_new_tokens,
+            k,
+            prompt_input=prepared.inputs_embeds,
+            decoder_input=self.embed,
+            stops=self.stop_tokens,
+            outputs=outputs,
+        )
+        return tokens[0], outputs, stats
 
 
 def _check_count(modality: str, token: int | None, placeholders: int, rows: int) -> None:

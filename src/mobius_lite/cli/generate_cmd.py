@@ -58,6 +58,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="onnxruntime execution provider (default: %(default)s)",
     )
     p.add_argument("--ids", action="store_true", help="print the token ids, not the text")
+    p.add_argument(
+        "--speculative",
+        type=int,
+        default=0,
+        metavar="K",
+        help="draft K tokens a round with the package's MTP head (mtp.onnx) and verify them in "
+        "one decoder call; the tokens are the same as without it (default: off)",
+    )
     p.set_defaults(run=run)
 
 
@@ -71,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     package = Path(args.package)
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, found {args.max_new_tokens}")
+    if args.speculative < 0:
+        raise ConfigError(
+            f"--speculative must be >= 1 draft tokens (or 0: off), found {args.speculative}"
+        )
     files = open_package(package)  # a package, every file complete, before any session
     if not (package / CONFIG_FILE).is_file():
         raise ConfigError(f"{package} has no {CONFIG_FILE}; re-export the package")
@@ -89,10 +101,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _text(args, decoder_file: Path, tokenizer, providers: list[str]) -> list[int]:
     from mobius_lite.runtime import DecoderSession, greedy
+    from mobius_lite.speculative import open_head, speculative_greedy
 
+    head = open_head(decoder_file.parent, providers) if args.speculative else None
     session = DecoderSession(decoder_file, providers)
     ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
-    return greedy(session, ids, args.max_new_tokens).tokens
+    if head is None:
+        return greedy(session, ids, args.max_new_tokens).tokens
+    tokens, stats = speculative_greedy(session, head, ids, args.max_new_tokens, args.speculative)
+    _report(stats)
+    return tokens[0]
 
 
 def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
@@ -122,4 +140,19 @@ def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
     text = expand(args.prompt, image_tokens, audio_tokens)
     ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
     print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
+    if args.speculative:
+        tokens, _, stats = session.generate_speculative(
+            ids, media, args.max_new_tokens, args.speculative
+        )
+        _report(stats)
+        return tokens
     return session.generate(ids, media, args.max_new_tokens).tokens
+
+
+def _report(stats) -> None:
+    """The draft counts of --speculative, on stderr (stdout holds only the continuation)."""
+    print(
+        f"speculative: {stats.proposed} drafts proposed, {stats.accepted} accepted "
+        f"({100 * stats.acceptance_rate:.1f}%) in {stats.rounds} verifying calls",
+        file=sys.stderr,
+    )

@@ -59,7 +59,8 @@ GGUF_ABSENT_DEFAULTS: dict[str, Any] = {
     "mamba_hidden_act": "silu",
     # SSM state precision of the cache: the released configs' float32.
     "mamba_ssm_cache_dtype": "float32",
-    # The converter drops the multi-token-prediction layers ("mtp." tensors).
+    # No multi-token-prediction head unless {arch}.nextn_predict_layers says so (the
+    # converter folds the head into one extra block then).
     "num_nextn_predict_layers": 0,
 }
 
@@ -276,10 +277,12 @@ def _gguf_fields(
             f"general.architecture={arch!r}: expected one of {', '.join(ARCHITECTURES)}"
         )
     meta = _Meta(metadata, str(arch))
-    n_layer = int(meta.require("block_count"))
-    kv = meta.per_layer("attention.head_count_kv", n_layer)
-    ff = meta.per_layer("feed_forward_length", n_layer)
-    heads = meta.per_layer("attention.head_count", n_layer)
+    blocks = int(meta.require("block_count"))
+    nextn = _nextn_layers(meta, blocks)
+    n_layer = blocks - nextn  # the head's block (the last one) is not a decoder layer
+    kv = meta.per_layer("attention.head_count_kv", blocks)[:n_layer]
+    ff = meta.per_layer("feed_forward_length", blocks)[:n_layer]
+    heads = meta.per_layer("attention.head_count", blocks)[:n_layer]
     puzzle: dict[str, Any] = {}
     if is_puzzle(metadata):
         kinds, puzzle = _puzzle_fields(meta, n_layer, kv, ff, heads, tensor_shapes)
@@ -343,12 +346,61 @@ def _gguf_fields(
             out[field] = int(metadata[key])
     if tensor_shapes is not None:
         out.update(_from_tensors(tensor_shapes))
+    if f"{arch}.nextn_predict_layers" in metadata:
+        out.update(_nextn_fields(meta, blocks, nextn, out))
     return out
+
+
+def _nextn_layers(meta: _Meta, blocks: int) -> int:
+    """{arch}.nextn_predict_layers: how many of the last blocks are the MTP head (0 or 1)."""
+    value = meta.get("nextn_predict_layers", 0) or 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value not in (0, 1):
+        raise ConfigError(
+            f"{meta.arch}.nextn_predict_layers={value!r}: only 0 or 1 multi-token-prediction "
+            "block is supported"
+        )
+    if value >= blocks:
+        raise ConfigError(
+            f"{meta.arch}.nextn_predict_layers={value} leaves no decoder layer of block_count "
+            f"{blocks}"
+        )
+    return int(value)
+
+
+def _nextn_fields(meta: _Meta, blocks: int, nextn: int, out: dict[str, Any]) -> dict[str, Any]:
+    """The head llama.cpp's converter folds into block n_layer: one attention and one MoE
+    sub-layer with the backbone's sizes (the head reuses the decoder's attention / MoE
+    fields, so its block must agree with them)."""
+    fields: dict[str, Any] = {"num_nextn_predict_layers": nextn}
+    if not nextn:
+        return fields
+    head = blocks - 1
+    kv = meta.per_layer("attention.head_count_kv", blocks)[head]
+    n_head = meta.per_layer("attention.head_count", blocks)[head]
+    if not kv:
+        raise ConfigError(
+            f"{meta.arch}: the multi-token-prediction block {head} has head_count_kv 0; the "
+            "head's first sub-layer is attention"
+        )
+    for field, value in (("num_attention_heads", n_head), ("num_key_value_heads", kv)):
+        if field in out and out[field] != value:
+            raise ConfigError(
+                f"{meta.arch}: the multi-token-prediction block {head} has {field}={value}, "
+                f"the decoder's attention layers {out[field]}; a head with its own attention "
+                "sizes is not supported for GGUF"
+            )
+        out.setdefault(field, value)
+    if "head_dim" not in out:
+        out["head_dim"] = int(meta.require("attention.key_length"))
+    if "n_routed_experts" not in out:
+        out.update(_moe_fields(meta, meta.per_layer("feed_forward_length", blocks), [head]))
+    fields["mtp_layers_block_type"] = ["attention", "moe"]
+    return fields
 
 
 def _normalise(field: str, value: Any) -> Any:
     """A comparable form of one config value (kinds parsed, floats at float32 precision)."""
-    if field == "layers_block_type":
+    if field in ("layers_block_type", "mtp_layers_block_type"):
         return [parse_layer_kind(k, f"{field}[{i}]") for i, k in enumerate(value)]
     if field == "time_step_limit":
         return [decode_float(v, field) for v in value]

@@ -88,13 +88,25 @@ class MoESpec:
 MixerSpec = MambaSpec | AttentionSpec | MLPSpec | MoESpec
 
 
+# The cache scope of the multi-token-prediction head's blocks: past_key_values.mtp.{i}.key
+MTP_SCOPE = "mtp"
+
+
 @dataclass(frozen=True)
 class LayerSpec:
-    """One block of the decoder: pre-norm, one mixer of `kind`, residual add."""
+    """One block of the decoder (or of the MTP head, scope "mtp"): pre-norm, one mixer of
+    `kind`, residual add."""
 
     index: int
     kind: LayerKind
     mixer: MixerSpec
+    scope: str | None = None  # None: a decoder layer; MTP_SCOPE: the head's block `index`
+
+    @property
+    def cache_layer(self) -> int | str:
+        """The layer part of this block's cache names: the decoder's global index, or
+        "mtp.{index}" for the head's block."""
+        return self.index if self.scope is None else f"{self.scope}.{self.index}"
 
     @property
     def mamba(self) -> MambaSpec:

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.configs.layers import AttentionSpec, LayerSpec, MambaSpec, MLPSpec, MoESpec
+from mobius_lite.configs.layers import (
+    MTP_SCOPE,
+    AttentionSpec,
+    LayerSpec,
+    MambaSpec,
+    MLPSpec,
+    MoESpec,
+)
 from mobius_lite.configs.values import (
     decode_float,
     encode_float,
@@ -123,10 +130,13 @@ class NemotronHConfig:
     topk_group: int = 1
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
-    # multi-token prediction heads (not part of the decoder graph)
+    # multi-token prediction head: its own graph (mtp.onnx) when the checkpoint holds it
     num_nextn_predict_layers: int = 0
+    mtp_layers_block_type: tuple[LayerKind, ...] = (LayerKind.ATTENTION, LayerKind.MOE)
     model_type: str = "nemotron_h"
     layers: tuple[LayerSpec, ...] = field(init=False, repr=False, compare=False)
+    # The head's blocks (mtp.layers.{i}), empty without a head; see mtp_layer_spec.
+    mtp_layers: tuple[LayerSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         kinds = tuple(
@@ -134,6 +144,13 @@ class NemotronHConfig:
             for i, k in enumerate(self.layers_block_type)
         )
         object.__setattr__(self, "layers_block_type", kinds)
+        mtp_kinds = tuple(
+            parse_layer_kind(k, f"mtp_layers_block_type[{i}]")
+            if not isinstance(k, LayerKind)
+            else k
+            for i, k in enumerate(self.mtp_layers_block_type)
+        )
+        object.__setattr__(self, "mtp_layers_block_type", mtp_kinds)
         limit = tuple(
             decode_float(v, f"time_step_limit[{i}]") for i, v in enumerate(self.time_step_limit)
         )
@@ -144,6 +161,7 @@ class NemotronHConfig:
         object.__setattr__(
             self, "layers", tuple(self.layer_spec(i, k) for i, k in enumerate(kinds))
         )
+        object.__setattr__(self, "mtp_layers", self.resolve_mtp_layers())
 
     # ----------------------------------------------------------------- validation
     def _validate(self) -> None:
@@ -171,6 +189,24 @@ class NemotronHConfig:
             )
         if not self.layer_norm_epsilon > 0:
             raise ConfigError(f"layer_norm_epsilon must be > 0, found {self.layer_norm_epsilon}")
+        self._validate_mtp()
+
+    def _validate_mtp(self) -> None:
+        """One head of attention / MoE blocks, as vLLM's NemotronHMTP runs it."""
+        if self.num_nextn_predict_layers not in (0, 1):
+            raise ConfigError(
+                f"num_nextn_predict_layers={self.num_nextn_predict_layers!r}: only 0 or 1 "
+                "multi-token-prediction head is supported"
+            )
+        if not self.num_nextn_predict_layers:
+            return
+        kinds = self.mtp_layers_block_type
+        if not kinds or any(k not in (LayerKind.ATTENTION, LayerKind.MOE) for k in kinds):
+            raise ConfigError(
+                "mtp_layers_block_type="
+                f"{[k.value for k in kinds]}: the multi-token-prediction head's blocks must "
+                "be attention or moe (e.g. ['full_attention', 'moe'], pattern '*E')"
+            )
 
     # ----------------------------------------------------------------- resolution
     def layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
@@ -250,6 +286,23 @@ class NemotronHConfig:
             self._validate_moe(spec, where)
         return LayerSpec(index=index, kind=kind, mixer=spec)
 
+    def resolve_mtp_layers(self) -> tuple[LayerSpec, ...]:
+        """The head's blocks, or () when the config declares no head."""
+        if not self.num_nextn_predict_layers:
+            return ()
+        return tuple(self.mtp_layer_spec(i, k) for i, k in enumerate(self.mtp_layers_block_type))
+
+    def mtp_layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
+        """Resolve the head's block `index` (mtp.layers.{index}): the global sizes, with
+        optional overrides (Puzzle's mtp_block_configs)."""
+        spec = NemotronHConfig.layer_spec(self, index, kind, **overrides)
+        return dataclasses.replace(spec, scope=MTP_SCOPE)
+
+    @property
+    def has_mtp_head(self) -> bool:
+        """Whether the config declares a multi-token-prediction head."""
+        return bool(self.mtp_layers)
+
     @staticmethod
     def _validate_moe(spec: MoESpec, where: str) -> None:
         require_divides(spec.n_routed_experts, spec.n_group, f"{where}: n_routed_experts / n_group")
@@ -318,6 +371,9 @@ class NemotronHConfig:
             )
         if not isinstance(kinds, (list, tuple)):
             raise ConfigError(f"layers_block_type must be a list, found {kinds!r}")
+        mtp_kinds = _mtp_kinds(data)
+        if mtp_kinds is not None:
+            data["mtp_layers_block_type"] = mtp_kinds
         declared = data.pop("num_hidden_layers", None)
         if declared is not None and declared != len(kinds):
             raise ConfigError(
@@ -365,7 +421,7 @@ class NemotronHConfig:
             if not f.init:
                 continue
             value = getattr(self, f.name)
-            if f.name == "layers_block_type":
+            if f.name in ("layers_block_type", "mtp_layers_block_type"):
                 value = [spelled[k] for k in value]
             elif f.name == "time_step_limit":
                 value = [encode_float(v) for v in value]
@@ -385,3 +441,33 @@ class NemotronHConfig:
     @property
     def pattern(self) -> str:
         return "".join(layer.kind.pattern_char for layer in self.layers)
+
+
+def _mtp_kinds(data: dict[str, Any]) -> tuple[LayerKind, ...] | None:
+    """The head's block kinds from mtp_layers_block_type or the legacy
+    mtp_hybrid_override_pattern (e.g. "*E"), popped from `data`; None when neither is given."""
+    listed = data.pop("mtp_layers_block_type", None)
+    pattern = data.pop("mtp_hybrid_override_pattern", None)
+    if listed is not None and (isinstance(listed, str) or not isinstance(listed, (list, tuple))):
+        raise ConfigError(f"mtp_layers_block_type must be a list, found {listed!r}")
+    if pattern is not None and not isinstance(pattern, str):
+        raise ConfigError(f"mtp_hybrid_override_pattern must be a string, found {pattern!r}")
+    kinds = (
+        None
+        if listed is None
+        else tuple(parse_layer_kind(k, f"mtp_layers_block_type[{i}]") for i, k in enumerate(listed))
+    )
+    from_pattern = (
+        None
+        if pattern is None
+        else tuple(
+            parse_layer_kind(ch, f"mtp_hybrid_override_pattern[{i}]")
+            for i, ch in enumerate(pattern)
+        )
+    )
+    if kinds is not None and from_pattern is not None and kinds != from_pattern:
+        raise ConfigError(
+            "mtp_layers_block_type and mtp_hybrid_override_pattern disagree: "
+            f"{''.join(k.pattern_char for k in kinds)} vs {pattern}; drop one of them"
+        )
+    return kinds if kinds is not None else from_pattern

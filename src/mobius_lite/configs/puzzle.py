@@ -132,7 +132,8 @@ class NemotronHPuzzleConfig(NemotronHConfig):
 
     layers_block_type: tuple[LayerKind, ...] | None = None  # derived from block_configs
     block_configs: tuple[BlockConfig, ...] = ()
-    # Multi-token-prediction blocks: kept for reporting, not part of the decoder graph.
+    # The multi-token-prediction head's blocks, with the head's own sizes (its MoE differs
+    # from the backbone's). Without them a declared head is not exported: its shape is unknown.
     mtp_block_configs: tuple[BlockConfig, ...] = ()
     model_type: str = PUZZLE_MODEL_TYPE
 
@@ -143,9 +144,12 @@ class NemotronHPuzzleConfig(NemotronHConfig):
                 "block_configs is empty: a nemotron_h_puzzle config lists one block per layer"
             )
         object.__setattr__(self, "block_configs", blocks)
-        object.__setattr__(
-            self, "mtp_block_configs", parse_blocks(self.mtp_block_configs, "mtp_block_configs")
-        )
+        mtp_blocks = parse_blocks(self.mtp_block_configs, "mtp_block_configs")
+        object.__setattr__(self, "mtp_block_configs", mtp_blocks)
+        if mtp_blocks:
+            object.__setattr__(
+                self, "mtp_layers_block_type", tuple(block.kind for block in mtp_blocks)
+            )
         derived = tuple(block.kind for block in blocks)
         if self.layers_block_type is not None:
             listed = tuple(
@@ -170,6 +174,17 @@ class NemotronHPuzzleConfig(NemotronHConfig):
             )
         return super().layer_spec(index, kind, **{**dict(block.overrides), **overrides})
 
+    def resolve_mtp_layers(self) -> tuple[LayerSpec, ...]:
+        """The head's blocks from mtp_block_configs; () without them (shape unknown)."""
+        if not self.mtp_block_configs:
+            return ()
+        return super().resolve_mtp_layers()
+
+    def mtp_layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
+        """The head's block `index` with its mtp_block_configs overrides."""
+        block = self.mtp_block_configs[index]
+        return super().mtp_layer_spec(index, kind, **{**dict(block.overrides), **overrides})
+
     # ----------------------------------------------------------------- reading
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> NemotronHPuzzleConfig:
@@ -187,6 +202,7 @@ class NemotronHPuzzleConfig(NemotronHConfig):
         mtp = parse_blocks(raw.get("mtp_block_configs") or [], "mtp_block_configs")
         _check_topology(raw, blocks)
         _check_required_moe_fields(raw, blocks)
+        _check_required_moe_fields(raw, mtp, "mtp_block_configs")
         data = {k: v for k, v in raw.items() if k not in TOPOLOGY_FIELDS}
         data["layers_block_type"] = [block.kind.value for block in blocks]
         data["block_configs"] = blocks
@@ -249,7 +265,9 @@ def _check_topology(raw: dict[str, Any], blocks: tuple[BlockConfig, ...]) -> Non
         )
 
 
-def _check_required_moe_fields(raw: dict[str, Any], blocks: tuple[BlockConfig, ...]) -> None:
+def _check_required_moe_fields(
+    raw: dict[str, Any], blocks: tuple[BlockConfig, ...], field: str = "block_configs"
+) -> None:
     """A MoE block's expert count, top-k and width come from the block or a global: no default."""
     globals_given = {LEGACY_FIELD_NAMES.get(k, k) for k, v in raw.items() if v is not None}
     for i, block in enumerate(blocks):
@@ -259,6 +277,6 @@ def _check_required_moe_fields(raw: dict[str, Any], blocks: tuple[BlockConfig, .
         missing = [name for name in REQUIRED_MOE_FIELDS if name not in given]
         if missing:
             raise ConfigError(
-                f"block_configs[{i}] (moe) gives no {', '.join(missing)} and config.json has "
+                f"{field}[{i}] (moe) gives no {', '.join(missing)} and config.json has "
                 "no global value for it; a Puzzle checkpoint sets these per block"
             )

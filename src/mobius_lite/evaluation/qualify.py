@@ -63,6 +63,7 @@ REPORT_FILE = "report.json"
 ARRAYS_FILE = "arrays.npz"
 RESCORE_FILE = "rescore.json"
 VERDICTS = ("graph_validity", "source_fidelity", "numerical_parity", "generation")
+OPTIONAL_VERDICTS = ("mtp_head",)  # packages with an MTP head (evaluation/qualify_mtp.py)
 DEFAULT_STEPS = 5
 DEFAULT_PROMPT_LENGTH = 16
 # what the reference computes with, per source kind (evaluation/qualify_sources.py)
@@ -105,7 +106,11 @@ class QualifyReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            **{name: self.verdicts[name].as_dict() for name in VERDICTS},
+            **{
+                name: self.verdicts[name].as_dict()
+                for name in VERDICTS + OPTIONAL_VERDICTS
+                if name in self.verdicts
+            },
             "run": self.run,
         }
 
@@ -379,7 +384,18 @@ def qualify(
         except Exception as exc:  # evidence for the report, never a traceback
             reference_facts = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
 
+    if facts["session"].get("ok") and config.has_mtp_head:
+        from mobius_lite.evaluation.qualify_mtp import run_heads
+
+        say("running the MTP head and the reference head, then speculative decoding")
+        head_facts, head_ours, head_reference = run_heads(
+            package_dir, source_dir, ids, facts["tokens"], ours, names, providers
+        )
+        ours.update(head_ours)
+        reference.update(head_reference)
     run = _run_facts(package_dir, source_dir, model_type, providers, verdicts)
+    if facts["session"].get("ok") and config.has_mtp_head:
+        run["mtp"] = head_facts
     run.update(
         prompt_ids=ids,
         prompt_origin=prompt_origin,
@@ -459,6 +475,13 @@ def _decide(
 ) -> QualifyReport:
     """All four verdicts from a run's facts and arrays (shared by qualify and rescore)."""
     saved = run["saved_verdicts"]
+    head_verdict = None
+    if "mtp" in run:  # the head's arrays have their own verdict (evaluation/qualify_mtp.py)
+        from mobius_lite.evaluation.qualify_mtp import score_head, split_head_arrays
+
+        ours, head_ours = split_head_arrays(ours)
+        reference, head_reference = split_head_arrays(reference)
+        head_verdict = score_head(run["mtp"], head_ours, head_reference, run["steps"])
     verdicts = {
         "graph_validity": Verdict.from_dict(saved["graph_validity"]),
         "source_fidelity": Verdict.from_dict(saved["source_fidelity"]),
@@ -472,6 +495,8 @@ def _decide(
         )
         verdicts["numerical_parity"] = Verdict(NOT_RUN, reason, {})
         verdicts["generation"] = Verdict(NOT_RUN, reason, {})
+        if head_verdict is not None:
+            verdicts["mtp_head"] = head_verdict
         return QualifyReport(verdicts, run)
     steps = run["steps"]
     verdicts["numerical_parity"] = scoring.score_parity(
@@ -482,6 +507,8 @@ def _decide(
 
         verdicts["numerical_parity"] = with_evs_check(verdicts["numerical_parity"], run["omni"])
     verdicts["generation"] = scoring.score_generation(ours, reference, steps)
+    if head_verdict is not None:
+        verdicts["mtp_head"] = head_verdict
     return QualifyReport(verdicts, run)
 
 
@@ -546,7 +573,7 @@ def _json(value: Any) -> Any:
 def format_table(report: QualifyReport) -> str:
     """A short table readable in ten seconds: one line per verdict, one per array family."""
     lines = [f"{'verdict':<18}{'result':<9}evidence"]
-    for name in VERDICTS:
+    for name in (*VERDICTS, *(n for n in OPTIONAL_VERDICTS if n in report.verdicts)):
         v = report.verdicts[name]
         lines.append(f"{name:<18}{v.status:<9}{v.summary}")
     families = report.verdicts["numerical_parity"].evidence.get("families", {})

@@ -22,6 +22,7 @@ import numpy as np
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation import scoring
+from mobius_lite.evaluation.qualify_mtp import score_head, split_head_arrays
 from mobius_lite.evaluation.scoring import FAIL, Verdict
 from mobius_lite.evaluation.validity import check_graph, source_fidelity
 from mobius_lite.layout import MANIFEST_FILE
@@ -175,6 +176,8 @@ def omni_runs(
         length = ids.shape[1]
         for i, (step, out) in enumerate(zip(names, run.outputs, strict=True)):
             ours[f"{step}/logits"] = out["logits"]
+            if "hidden_states" in out:  # a package with an MTP head: the head's input
+                ours[f"{step}/hidden_states"] = out["hidden_states"]
             ref[f"{step}/logits"] = reference.logits.float().numpy()
             for name, array in reference_cache_arrays(reference.cache, kinds).items():
                 ours[f"{step}/{name}"] = out[name]
@@ -191,6 +194,11 @@ def omni_runs(
                 position_ids=torch.tensor([[length - 1]]),
             )
         del model
+    if (package_dir / GraphRole.MTP.file_name).is_file():
+        from mobius_lite.evaluation.qualify_mtp import omni_heads
+
+        say("running the MTP head and the reference head, then speculative decoding")
+        facts["mtp"] = omni_heads(session, source_dir, prepared, run.tokens, ours, ref, names)
     return ours, ref, names, facts
 
 
@@ -216,12 +224,18 @@ def qualify_omni_verdicts(
         verdicts["numerical_parity"] = Verdict(status, reason, {})
         verdicts["generation"] = Verdict(status, reason, {})
         return verdicts, {"steps": [], "execution_order": {}, "omni": {"error": reason}}, {}, {}
-    order = {name.partition("/")[2]: i for i, name in enumerate(ours)}
+    head_facts = facts.pop("mtp", None)
+    decoder_ours, head_ours = split_head_arrays(ours)
+    decoder_ref, head_ref = split_head_arrays(ref)
+    order = {name.partition("/")[2]: i for i, name in enumerate(decoder_ours)}
     verdicts["numerical_parity"] = with_evs_check(
-        scoring.score_parity(ours, ref, names, order), facts
+        scoring.score_parity(decoder_ours, decoder_ref, names, order), facts
     )
-    verdicts["generation"] = scoring.score_generation(ours, ref, names)
+    verdicts["generation"] = scoring.score_generation(decoder_ours, decoder_ref, names)
     run = {"steps": names, "execution_order": order, "omni": facts}
+    if head_facts is not None:  # the MTP head's own verdict (evaluation/qualify_mtp.py)
+        run["mtp"] = head_facts
+        verdicts["mtp_head"] = score_head(head_facts, head_ours, head_ref, names)
     return verdicts, run, ours, ref
 
 

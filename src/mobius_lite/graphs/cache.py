@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from mobius_lite.configs import LayerSpec
+from mobius_lite.configs import LayerSpec, NemotronHConfig
 from mobius_lite.enums import LayerKind, StateRole
 
 BATCH = "batch"
@@ -19,9 +19,11 @@ PAST = "past_sequence"
 
 @dataclass(frozen=True)
 class CacheTensor:
-    """One past_key_values.{layer}.{role} input and its present.{layer}.{role} output."""
+    """One past_key_values.{layer}.{role} input and its present.{layer}.{role} output.
 
-    layer: int
+    `layer` is the decoder's global layer index, or "mtp.{i}" for the head's layer i."""
+
+    layer: int | str
     role: StateRole
     dtype: ir.DataType
     past_shape: tuple[int | str, ...]
@@ -42,26 +44,35 @@ class CacheTensor:
 
 
 def cache_tensors(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[CacheTensor]:
-    """Every cache tensor of the decoder, in layer order (global layer indices)."""
+    """Every cache tensor of `layers`, in layer order: the decoder's (config.layers, global
+    layer indices) or the MTP head's (config.mtp_layers, layers "mtp.{i}")."""
     out: list[CacheTensor] = []
     for layer in layers:
         if layer.kind is LayerKind.ATTENTION:
             a = layer.attention
             shape = (BATCH, a.num_kv_heads, PAST, a.head_dim)
-            out += [CacheTensor(layer.index, role, dtype, shape) for role in layer.kind.states]
+            out += [
+                CacheTensor(layer.cache_layer, role, dtype, shape) for role in layer.kind.states
+            ]
         elif layer.kind is LayerKind.MAMBA:
             m = layer.mamba
             out.append(
                 CacheTensor(
-                    layer.index, StateRole.CONV, dtype, (BATCH, m.conv_dim, m.conv_kernel - 1)
+                    layer.cache_layer, StateRole.CONV, dtype, (BATCH, m.conv_dim, m.conv_kernel - 1)
                 )
             )
             out.append(
                 CacheTensor(
-                    layer.index,
+                    layer.cache_layer,
                     StateRole.RECURRENT,
                     m.ssm_cache_ir_dtype,
                     (BATCH, m.num_heads, m.ssm_state_size, m.head_dim),
                 )
             )
     return out
+
+
+def mtp_cache_tensors(config: NemotronHConfig, dtype: ir.DataType) -> list[CacheTensor]:
+    """The MTP head's cache tensors (past_key_values.mtp.{i}.key / .value for its attention
+    block i); empty when the config has no head."""
+    return cache_tensors(config.mtp_layers, dtype)

@@ -8,11 +8,13 @@ from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.graphs.builder import graph_value, new_graph, to_model
+from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
 
 LOGITS_TO_KEEP = "logits_to_keep"
+# The decoder's final-normed hidden state, the MTP head's input (packages with a head).
+HIDDEN_STATES = "hidden_states"
 
 
 def logits_to_keep_input() -> ir.Value:
@@ -30,6 +32,7 @@ def build_decoder(
     *,
     inputs_embeds: bool = False,
     hidden_state_outputs: bool = False,
+    final_hidden_output: bool = False,
     logits_from_embeddings: bool = False,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
@@ -39,7 +42,9 @@ def build_decoder(
     inputs_embeds=True makes a decoder that takes embeddings instead of ids (a runtime chains
     an embedding graph before it). hidden_state_outputs=True adds hidden_states.{i} outputs
     (per-layer block outputs in the model dtype, rows flattened to [batch * sequence, hidden]) for
-    qualification; other outputs are unchanged. logits_from_embeddings: the logits weight is
+    qualification; other outputs are unchanged. final_hidden_output=True adds the output
+    `hidden_states` [batch, sequence, hidden] (after the final norm, every position), which
+    the MTP head reads (packages with a head). logits_from_embeddings: the logits weight is
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
     source).
     """
@@ -60,7 +65,7 @@ def build_decoder(
     graph = new_graph("nemotron_h_decoder", [tokens, mask, *past.values(), keep])
     graph.register_initializer(keep)
     builder = GraphBuilder(graph)
-    logits, presents, layer_outputs = module(builder.op, tokens, mask, past, keep)
+    logits, presents, layer_outputs, final = module(builder.op, tokens, mask, past, keep)
 
     logits.name = "logits"
     logits.type = ir.TensorType(ir.DataType.FLOAT)
@@ -74,6 +79,18 @@ def build_decoder(
         value.type = ir.TensorType(c.dtype)
         value.shape = ir.Shape(list(c.present_shape))
         outputs.append(value)
+    if final_hidden_output:
+        per_sequence = builder.op.Reshape(
+            final,
+            builder.op.Concat(
+                builder.op.Slice(builder.op.Shape(tokens), [0], [2]),
+                builder.op.Constant(value_ints=[config.hidden_size]),
+                axis=0,
+            ),
+        )
+        outputs.append(
+            name_output(per_sequence, HIDDEN_STATES, dtype, (BATCH, "sequence", config.hidden_size))
+        )
     if hidden_state_outputs:
         for i, hidden in enumerate(layer_outputs):
             exposed = builder.op.Identity(hidden)

@@ -30,6 +30,21 @@ class StepInputs:
     past: Mapping[str, ir.Value]  # past_key_values.* inputs by name
 
 
+def step_inputs(
+    op: OpBuilder, tokens: ir.Value, attention_mask: ir.Value, past: Mapping[str, ir.Value]
+) -> StepInputs:
+    """The per-call values of a graph whose first input is input_ids or inputs_embeds
+    ([batch, seq, ...]) and whose attention_mask is int64 [batch, past + seq]."""
+    shape = op.Shape(tokens)
+    dims = Dims(batch=op.Slice(shape, [0], [1]), sequence=op.Slice(shape, [1], [2]))
+    current = op.Slice(attention_mask, op.Neg(dims.sequence), op.Constant(value_ints=[2**62]), [1])
+    token_mask = op.Cast(op.Reshape(current, op.Constant(value_ints=[-1, 1])), to=FLOAT)
+    key_mask = op.Unsqueeze(
+        op.Cast(attention_mask, to=ir.DataType.BOOL), op.Constant(value_ints=[1, 2])
+    )
+    return StepInputs(dims=dims, token_mask=token_mask, key_mask=key_mask, past=past)
+
+
 class Block(nn.Module):
     """NemotronHBlock: residual + mixer(norm(x))."""
 
@@ -50,7 +65,7 @@ class Block(nn.Module):
     def forward(
         self, op: OpBuilder, hidden: ir.Value, step: StepInputs
     ) -> tuple[ir.Value, dict[str, ir.Value]]:
-        i = self.layer.index
+        i = self.layer.cache_layer
         normed = self.norm(op, hidden)
         kind = self.layer.kind
         if not kind.states:
@@ -111,34 +126,42 @@ class NemotronHForCausalLM(nn.Module):
         attention_mask: ir.Value,
         past: Mapping[str, ir.Value],
         logits_to_keep: ir.Value | None = None,
-    ) -> tuple[ir.Value, dict[str, ir.Value], list[ir.Value]]:
+    ) -> tuple[ir.Value, dict[str, ir.Value], list[ir.Value], ir.Value]:
         """tokens: input_ids or inputs_embeds; attention_mask: int64 [batch, past + seq];
         logits_to_keep: int64 scalar, logits of only the last that many positions (0: all).
 
-        Returns (logits FP32 [batch, kept, vocab], presents by name, per-layer hidden outputs).
+        Returns (logits FP32 [batch, kept, vocab], presents by name, per-layer hidden outputs,
+        the final-normed hidden of every position [rows, hidden]).
         """
-        shape = op.Shape(tokens)
-        dims = Dims(batch=op.Slice(shape, [0], [1]), sequence=op.Slice(shape, [1], [2]))
-        current = op.Slice(
-            attention_mask, op.Neg(dims.sequence), op.Constant(value_ints=[2**62]), [1]
-        )
-        token_mask = op.Cast(op.Reshape(current, op.Constant(value_ints=[-1, 1])), to=FLOAT)
-        key_mask = op.Unsqueeze(
-            op.Cast(attention_mask, to=ir.DataType.BOOL), op.Constant(value_ints=[1, 2])
-        )
-        step = StepInputs(dims=dims, token_mask=token_mask, key_mask=key_mask, past=past)
-        hidden, presents, layer_outputs = self.backbone(op, tokens, step)
+        step = step_inputs(op, tokens, attention_mask, past)
+        dims = step.dims
+        final, presents, layer_outputs = self.backbone(op, tokens, step)
+        hidden = final
         if logits_to_keep is not None:
             hidden = _last_positions(op, hidden, dims, logits_to_keep, self.config.hidden_size)
-        if self.lm_head is not None:
-            logits = self.lm_head(op, hidden)
-        else:
-            logits = self.backbone.embeddings.logits(op, hidden)
-        logits = op.Reshape(
-            to_float32(op, logits),
-            op.Concat(dims.batch, op.Constant(value_ints=[-1, self.config.vocab_size]), axis=0),
+        logits = self.logits(op, hidden, dims)
+        return logits, presents, layer_outputs, final
+
+    def logits(self, op: OpBuilder, hidden: ir.Value, dims: Dims) -> ir.Value:
+        return output_logits(
+            op, hidden, dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
         )
-        return logits, presents, layer_outputs
+
+
+def output_logits(
+    op: OpBuilder,
+    hidden: ir.Value,
+    dims: Dims,
+    vocab: int,
+    lm_head: Linear | None,
+    embeddings: Embedding,
+) -> ir.Value:
+    """hidden [rows, hidden] -> FP32 logits [batch, rows / batch, vocab], with lm_head, or
+    the embedding table when there is none (tied)."""
+    logits = lm_head(op, hidden) if lm_head is not None else embeddings.logits(op, hidden)
+    return op.Reshape(
+        to_float32(op, logits), op.Concat(dims.batch, op.Constant(value_ints=[-1, vocab]), axis=0)
+    )
 
 
 def _last_positions(

@@ -159,6 +159,65 @@ GLOBAL_RULES: dict[str, str] = {
 
 BLOCK_NAME = re.compile(r"^blk\.(?P<layer>\d+)\.(?P<rest>.+)$")
 
+# The multi-token-prediction head, which the converter folds into block n_layer (the last,
+# with {arch}.nextn_predict_layers = 1): its own tensors, its attention sub-layer's (the
+# decoder's attention names) and its MoE sub-layer's (the decoder's MoE names), as llama.cpp's
+# nemotron_h_moe MTP graph (src/models/nemotron-h-moe.cpp) reads them.
+HEAD_TENSORS: dict[str, str] = {
+    "nextn.eh_proj.weight": "mtp.layers.0.eh_proj.weight",
+    "nextn.enorm.weight": "mtp.layers.0.enorm.weight",
+    "nextn.hnorm.weight": "mtp.layers.0.hnorm.weight",
+    "nextn.shared_head_norm.weight": "mtp.layers.1.final_layernorm.weight",
+    "attn_norm.weight": "mtp.layers.0.norm.weight",
+    "post_attention_norm.weight": "mtp.layers.1.norm.weight",
+}
+HEAD_ATTENTION = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
+HEAD_MOE = (
+    "ffn_gate_inp.weight",
+    "exp_probs_b.bias",
+    "ffn_up_exps.weight",
+    "ffn_down_exps.weight",
+    "ffn_latent_down.weight",
+    "ffn_latent_up.weight",
+    "ffn_up_shexp.weight",
+    "ffn_down_shexp.weight",
+)
+# Copies of token_embd / output the converter may write into the head's block. The head
+# computes with the decoder's table and lm_head (vLLM's NemotronHMTP shares them), so these
+# are accounted for as unused (HEAD_COPY_RULES) and mapped to no graph parameter.
+HEAD_COPIES: dict[str, str] = {
+    "nextn.embed_tokens.weight": "mtp.embed_tokens.weight",
+    "nextn.shared_head_head.weight": "mtp.shared_head.head.weight",
+}
+HEAD_COPY_RULES = {
+    r"^blk\.\d+\.nextn\.(embed_tokens|shared_head_head)\.weight$": (
+        "the converter's copy of token_embd / output for the multi-token-prediction head, "
+        "which computes with the decoder's own (as vLLM's NemotronHMTP does)"
+    )
+}
+
+
+def head_block(metadata: dict[str, Any]) -> int | None:
+    """The index of the block that holds the MTP head, or None when the file has none."""
+    arch = metadata.get("general.architecture")
+    nextn = int(metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    if not nextn:
+        return None
+    return int(metadata[f"{arch}.block_count"]) - nextn
+
+
+def head_checkpoint_name(rest: str) -> str | None:
+    """The checkpoint name of tensor `blk.{head}.{rest}` of the head's block."""
+    if rest in HEAD_TENSORS:
+        return HEAD_TENSORS[rest]
+    if rest in HEAD_COPIES:
+        return HEAD_COPIES[rest]
+    if rest in HEAD_ATTENTION:
+        return "mtp.layers.0." + BLOCK_RULES[rest][0]
+    if rest in HEAD_MOE:
+        return "mtp.layers.1." + BLOCK_RULES[rest][0]
+    return None
+
 
 def _head_counts(metadata: dict[str, Any], arch: str, layer: int) -> tuple[int, int]:
     def at(key: str) -> int | None:
@@ -184,6 +243,8 @@ def map_tensor(
         return GGUFTensorMapping(gguf_name, GLOBAL_RULES[gguf_name], gguf_shape, gguf_shape)
     match = BLOCK_NAME.match(gguf_name)
     rule = BLOCK_RULES.get(match["rest"]) if match else None
+    if match is not None and int(match["layer"]) == head_block(metadata):
+        return _map_head_tensor(gguf_name, gguf_shape, metadata, int(match["layer"]), match["rest"])
     if match is None or rule is None:
         return None
     layer = int(match["layer"])
@@ -207,6 +268,23 @@ def map_tensor(
         values,
         layout,
         heads,
+    )
+
+
+def _map_head_tensor(
+    gguf_name: str, gguf_shape: Shape, metadata: dict[str, Any], layer: int, rest: str
+) -> GGUFTensorMapping | None:
+    """A tensor of the head's block: the decoder's layout rules under the head's names."""
+    name = head_checkpoint_name(rest)
+    if name is None:
+        return None
+    _, to_shape, values, layout = BLOCK_RULES.get(rest, ("", _same, _KEEP, _IDENT))
+    heads = None
+    if layout is LayoutTransform.HEAD_ROW_PERMUTE:
+        n_head, n_head_kv = _head_counts(metadata, str(metadata["general.architecture"]), layer)
+        heads = n_head if rest.startswith("attn_q") else n_head_kv
+    return GGUFTensorMapping(
+        gguf_name, name, gguf_shape, to_shape(gguf_shape), values, layout, heads
     )
 
 
@@ -314,6 +392,7 @@ class GGUFNames:
 
 def gguf_source_layout(source: GGUFCheckpoint) -> SourceLayout:
     """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map (with the
-    weights' output scales), and A stored as A = -exp(A_log)."""
+    weights' output scales), A stored as A = -exp(A_log), and the converter's copies of the
+    head's shared tables, unused."""
     names = GGUFNames(nemotron_h_gguf_mapping(source), output_scales(source))
-    return SourceLayout(names=names, mamba_a="A")
+    return SourceLayout(names=names, mamba_a="A", unused=HEAD_COPY_RULES)

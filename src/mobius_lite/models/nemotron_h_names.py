@@ -11,7 +11,8 @@ Parameter names are the released checkpoint names (`backbone.` prefix). The one 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.sources.base import TensorSource
@@ -27,6 +28,8 @@ STACKED_EXPERTS = re.compile(
     r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)(?P<suffix>_[a-z0-9_]+)?$"
 )
 MTP_TENSORS = r"^mtp\."
+# The head's fusion projection: a source holds the MTP head when it holds this tensor.
+MTP_FUSION_WEIGHT = "mtp.layers.0.eh_proj.weight"
 
 
 def source_candidates(name: str) -> list[str]:
@@ -56,14 +59,15 @@ class SafetensorsNames:
         return out
 
 
-def unused_tensor_rules(config: NemotronHConfig) -> dict[str, str]:
+def unused_tensor_rules(config: NemotronHConfig, head_exported: bool = False) -> dict[str, str]:
     """Source tensors that are expected and deliberately not exported, with the reason.
 
     Only tensors the reference model does not compute with belong here (a tied config's
-    lm_head.weight is used by transformers, so it is never "unused").
+    lm_head.weight is used by transformers, so it is never "unused"). The MTP head's
+    tensors are unused only when the package does not export the head (`head_exported`).
     """
     rules = {}
-    if config.num_nextn_predict_layers > 0:
+    if config.num_nextn_predict_layers > 0 and not head_exported:
         rules[MTP_TENSORS] = "multi-token-prediction head: not part of the decoder graph"
     return rules
 
@@ -81,12 +85,23 @@ class SourceLayout:
 
     names: NameMap
     mamba_a: str = "A_log"  # "A" when the source stores A = -exp(A_log) (GGUF)
+    # Source tensors this kind of source holds that no graph computes with (name regex ->
+    # reason), e.g. a GGUF's copies of the embedding table for the MTP head.
+    unused: Mapping[str, str] = field(default_factory=dict)
 
     def lm_head_present(self, source: TensorSource) -> bool:
+        return self.present(LM_HEAD_WEIGHT, source)
+
+    def mtp_head_present(self, source: TensorSource) -> bool:
+        """Whether the source holds the multi-token-prediction head's tensors."""
+        return self.present(MTP_FUSION_WEIGHT, source)
+
+    def present(self, target: str, source: TensorSource) -> bool:
+        """Whether the source holds graph parameter `target` under one of its names."""
         available = set(source.names())
         return any(
             all(n in available for n in as_ref(c).names)
-            for c in self.names.alternatives(LM_HEAD_WEIGHT, ())
+            for c in self.names.alternatives(target, ())
         )
 
 

@@ -19,6 +19,9 @@ from mobius_lite.sources.base import SAFETENSORS_DTYPES, TensorInfo
 SAFETENSORS = "safetensors"  # the source kind
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# Weight files a checkpoint may keep beside its index without listing them there: Puzzle
+# releases put the multi-token-prediction head in mtp.safetensors.
+COMPANION_NAMES = ("mtp.safetensors",)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
@@ -92,6 +95,11 @@ class SafetensorsCheckpoint:
             missing = [str(f) for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"shards listed in {INDEX_NAME} are missing: {missing}")
+            files += [
+                path / name
+                for name in COMPANION_NAMES
+                if (path / name).is_file() and path / name not in files
+            ]
         elif (path / SINGLE_NAME).is_file():
             files = [path / SINGLE_NAME]
         else:

@@ -3,7 +3,8 @@
 vision_encoder (images -> image_features), video_encoder (tubelets -> video_features + the EVS
 retention mask), audio_encoder when the checkpoint has an audio tower (log-mel features ->
 audio_features), embedding (input_ids + media features -> inputs_embeds) and the decoder
-(inputs_embeds -> logits + cache; Puzzle when the text config is Puzzle). One checkpoint feeds
+(inputs_embeds -> logits + cache; Puzzle when the text config is Puzzle), and the MTP draft
+head (mtp.onnx) when the language model holds one. One checkpoint feeds
 them all: each source tensor is bound in the graphs that compute with it; the tensors two
 graphs use (the towers of the image and video graphs; the embedding table when the decoder's
 logits are tied to it) are declared shared and written once.
@@ -22,6 +23,7 @@ from mobius_lite.enums import GraphRole, Task
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
+from mobius_lite.graphs.mtp import build_mtp
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
@@ -41,6 +43,7 @@ from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
 from mobius_lite.tasks.options import ExportOptions, TaskGraphs
+from mobius_lite.tasks.text_generation import shared_sources
 from mobius_lite.weights.binding import (
     bind_model,
     graph_parameters,
@@ -78,20 +81,24 @@ def omni_graphs(
     tensors with its own name maps (models/omni_names.py) whatever the source kind."""
     options = options or ExportOptions()
     text = config.text
+    names = LanguageModelNames()
+    layout = SourceLayout(names)
+    head = text.has_mtp_head and layout.mtp_head_present(source)
     # the text model's own rules name its tensors without the language_model. prefix
     text_rules = {
         "^" + re.escape(LANGUAGE_MODEL) + pattern.removeprefix("^"): reason
-        for pattern, reason in unused_tensor_rules(text).items()
+        for pattern, reason in unused_tensor_rules(text, head_exported=head).items()
     }
     rules = {**OMNI_UNUSED, **text_rules, **options.unused_rules}
     available = set(source.names())
 
-    names = LanguageModelNames()
-    tied = logits_from_embeddings(text, SourceLayout(names).lm_head_present(source))
+    text_ctx = options.build_context(source, names)
+    tied = logits_from_embeddings(text, layout.lm_head_present(source))
     decoder, _ = build_decoder(
         text,
-        options.build_context(source, names),
+        text_ctx,
         inputs_embeds=True,
+        final_hidden_output=head,
         logits_from_embeddings=tied,
     )
     media = {IMAGE_FEATURES: config.image_token_id}
@@ -127,14 +134,8 @@ def omni_graphs(
             for role, model in towers
         ),
     ]
+    if head:
+        # the draft head embeds its own input ids with the text table (text tokens only)
+        mtp, _ = build_mtp(text, text_ctx, logits_from_embeddings=tied)
+        graphs.append(_bind(GraphRole.MTP, mtp, source, names, rules, options.binding_hint))
     return TaskGraphs(text, graphs, shared_sources(graphs), config.raw)
-
-
-def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
-    """The source tensors bound in several graphs, with those graphs' roles (the declaration
-    the manifest requires for a tensor written once and used twice)."""
-    users: dict[str, list[str]] = {}
-    for record in graphs:
-        for name in record.plan.bound_sources:
-            users.setdefault(name, []).append(record.role.value)
-    return {name: roles for name, roles in users.items() if len(roles) > 1}

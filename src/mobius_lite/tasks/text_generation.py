@@ -1,10 +1,12 @@
-"""text-generation: the Nemotron-H decoder graph (input_ids -> logits + cache)."""
+"""text-generation: the Nemotron-H decoder graph (input_ids -> logits + cache), and the
+multi-token-prediction head's graph (mtp.onnx) when the checkpoint holds the head."""
 
 from __future__ import annotations
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole, Task
 from mobius_lite.graphs.decoder import build_decoder
+from mobius_lite.graphs.mtp import build_mtp
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
     logits_from_embeddings,
@@ -16,6 +18,7 @@ from mobius_lite.sources.base import TensorSource
 from mobius_lite.tasks.options import ExportOptions
 from mobius_lite.weights.binding import (
     bind_model,
+    check_accounted,
     graph_parameters,
     plan_bindings,
 )
@@ -30,24 +33,53 @@ def text_generation_graphs(
     options: ExportOptions | None = None,
 ) -> tuple[list[GraphRecord], dict[str, list[str]]]:
     """The decoder, every parameter bound (lazily) to `source`, whose kind names and stores
-    the tensors as `layout` says; no tensor is shared.
+    the tensors as `layout` says; with the MTP head (a config that declares it and a source
+    that holds it) also mtp.onnx, which shares the decoder's embedding table and lm_head
+    (declared shared, stored once).
 
     Packed source tensors keep their format (their storage proposes it) and compute with
     it on the options' backend, unless the options say dequantize.
     """
     options = options or ExportOptions()
-    decoder, _ = build_decoder(
-        config,
-        options.build_context(source, layout.names, layout.mamba_a),
-        logits_from_embeddings=logits_from_embeddings(config, layout.lm_head_present(source)),
-    )
-    plan = plan_bindings(
-        graph_parameters(decoder),
-        source,
-        layout.names,
-        {**unused_tensor_rules(config), **options.unused_rules},
-        hint=options.binding_hint,
-    )
-    check_source_dtypes(plan.bindings)
-    bind_model(decoder, plan, source)
-    return [GraphRecord(GraphRole.DECODER, decoder, plan)], {}
+    head = config.has_mtp_head and layout.mtp_head_present(source)
+    tied = logits_from_embeddings(config, layout.lm_head_present(source))
+    ctx = options.build_context(source, layout.names, layout.mamba_a)
+    rules = {
+        **unused_tensor_rules(config, head_exported=head),
+        **layout.unused,
+        **options.unused_rules,
+    }
+    decoder, _ = build_decoder(config, ctx, final_hidden_output=head, logits_from_embeddings=tied)
+    models = [(GraphRole.DECODER, decoder)]
+    if head:
+        mtp, _ = build_mtp(config, ctx, logits_from_embeddings=tied)
+        models.append((GraphRole.MTP, mtp))
+    plans = [
+        plan_bindings(
+            graph_parameters(model),
+            source,
+            layout.names,
+            rules,
+            account_for_all=not head,
+            hint=options.binding_hint,
+        )
+        for _, model in models
+    ]
+    if head:
+        check_accounted(plans, source, options.binding_hint)
+    records = []
+    for (role, model), plan in zip(models, plans, strict=True):
+        check_source_dtypes(plan.bindings)
+        bind_model(model, plan, source)
+        records.append(GraphRecord(role, model, plan))
+    return records, shared_sources(records)
+
+
+def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
+    """The source tensors bound in several graphs, with those graphs' roles (the declaration
+    the manifest requires for a tensor written once and used twice)."""
+    users: dict[str, list[str]] = {}
+    for record in graphs:
+        for name in record.plan.bound_sources:
+            users.setdefault(name, []).append(record.role.value)
+    return {name: roles for name, roles in users.items() if len(roles) > 1}

@@ -174,6 +174,22 @@ def _expected_name(target: str, alternatives: list[SourceRef]) -> str:
     return expected if expected == target else f"{expected} (graph parameter {target})"
 
 
+def check_accounted(
+    plans: list[BindingPlan], source: TensorSource, hint: str = CONFIG_JSON_HINT
+) -> None:
+    """Raise unless every source tensor is bound or listed unused by one of `plans` (the
+    graphs of one package, each planned with account_for_all=False); `hint` as plan_bindings'."""
+    accounted: set[str] = set()
+    for plan in plans:
+        accounted |= plan.bound_sources | set(plan.unused)
+    leftover = sorted(set(source.names()) - accounted)
+    if leftover:
+        raise CheckpointError(
+            "the checkpoint does not match its config: tensors the config does not use: "
+            f"{format_names(leftover)}. {hint}"
+        )
+
+
 def _bound_twice(bindings: list[Binding]) -> list[str]:
     """Sources feeding several parameters other than as distinct parts of one re-layout."""
     users: dict[str, list[Binding]] = {}

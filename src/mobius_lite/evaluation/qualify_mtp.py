@@ -1,0 +1,199 @@
+"""`qualify`'s verdict on the multi-token-prediction head (mtp.onnx), apart from the decoder's.
+
+Both heads, the package's graph and the torch reference (evaluation/mtp_reference.py), are fed
+the same inputs at every step: the tokens the package decoded and the package decoder's own
+`hidden_states`, so the verdict judges the head alone (the decoder has its own verdicts). The
+head's logits, `mtp_hidden_states` and K/V caches are gated like the decoder's arrays; then
+speculative greedy decoding with the package's head must give exactly the package's plain
+greedy tokens, and its draft acceptance rate on the prompt is reported (not gated: a head
+that drafts badly is slow, not wrong).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mobius_lite.enums import GraphRole
+from mobius_lite.evaluation import scoring
+from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
+
+HEAD_PREFIX = "mtp/"
+SPECULATIVE_K = 2  # drafts a round in the acceptance run
+VERDICT = "mtp_head"
+
+
+def split_head_arrays(
+    arrays: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(the decoder's arrays, the head's arrays without their "mtp/" prefix)."""
+    decoder = {k: v for k, v in arrays.items() if not k.startswith(HEAD_PREFIX)}
+    head = {k[len(HEAD_PREFIX) :]: v for k, v in arrays.items() if k.startswith(HEAD_PREFIX)}
+    return decoder, head
+
+
+def head_feeds(
+    prompt: list[int], tokens: list[int], decoder_arrays: Mapping[str, np.ndarray], steps: list[str]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(input_ids, hidden_states) per step: the tokens after each decoder position and the
+    package decoder's hidden states there (prefill: the prompt shifted by one + first token)."""
+    feeds = []
+    for i, step in enumerate(steps):
+        hidden = decoder_arrays[f"{step}/hidden_states"]
+        ids = [*prompt[1:], tokens[0]] if i == 0 else [tokens[i]]
+        feeds.append((np.array([ids], dtype=np.int64), hidden))
+    return feeds
+
+
+# (head, new tokens, k) -> (tokens, SpeculationStats)
+Speculate = Callable[[Any, int, int], tuple[list[int], Any]]
+
+
+def run_heads(
+    package_dir: Path,
+    source_dir: Path,
+    prompt: list[int],
+    tokens: list[int],
+    decoder_arrays: Mapping[str, np.ndarray],
+    steps: list[str],
+    providers: list[str],
+    speculate: Speculate | None = None,
+) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Run the package's head and the reference head on the same inputs, then speculative
+    decoding with the package's head (`speculate`; default: the text decoder on `prompt`);
+    returns (facts, package head arrays, reference head arrays), keys
+    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning)."""
+    from mobius_lite.evaluation.mtp_reference import MtpReference
+    from mobius_lite.evaluation.reference import pinned_torch
+    from mobius_lite.speculative import MtpHead
+
+    facts: dict[str, Any] = {
+        "graph": GraphRole.MTP.file_name,
+        "fed": "the package decoder's tokens and hidden_states, the same on both sides",
+    }
+    if any(f"{step}/hidden_states" not in decoder_arrays for step in steps):
+        facts["error"] = "the decoder has no hidden_states output for the head"
+        return facts, {}, {}
+    feeds = head_feeds(prompt, tokens, decoder_arrays, steps)
+    ours: dict[str, np.ndarray] = {}
+    reference: dict[str, np.ndarray] = {}
+    try:
+        head = MtpHead(package_dir / GraphRole.MTP.file_name, providers)
+        head.reset(1)
+        for step, (ids, hidden) in zip(steps, feeds, strict=True):
+            logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
+            arrays = {"logits": logits, "mtp_hidden_states": mtp_hidden, **head.past}
+            for name, value in arrays.items():
+                ours[f"{HEAD_PREFIX}{step}/{name.replace('past_key_values', 'present')}"] = value
+        speculate = speculate or _text_speculation(package_dir, prompt, providers)
+        drafted, stats = speculate(head, len(tokens), SPECULATIVE_K)
+    except Exception as exc:  # evidence for the report, never a traceback
+        facts["error"] = f"the package head did not run: {type(exc).__name__}: {exc}"[:1000]
+        return facts, {}, {}
+    facts["speculative"] = {
+        "k": SPECULATIVE_K,
+        "new_tokens": len(tokens),
+        "tokens": list(drafted),
+        "plain_tokens": list(tokens),
+        **stats.as_dict(),
+    }
+    try:
+        with pinned_torch():
+            oracle = MtpReference(source_dir)
+            oracle.reset(1)
+            length = 0
+            for step, (ids, hidden) in zip(steps, feeds, strict=True):
+                length += ids.shape[1]
+                out = oracle.step(ids, hidden, np.ones((1, length), np.int64))
+                for name, value in out.items():
+                    reference[f"{HEAD_PREFIX}{step}/{name}"] = value
+    except Exception as exc:
+        facts["reference_error"] = f"{type(exc).__name__}: {exc}"[:1000]
+    return facts, ours, reference
+
+
+def _text_speculation(package_dir: Path, prompt: list[int], providers: list[str]) -> Speculate:
+    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.speculative import speculative_greedy
+
+    def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
+        decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
+        drafted, stats = speculative_greedy(
+            decoder, head, np.array([prompt], np.int64), new_tokens, k
+        )
+        return drafted[0], stats
+
+    return speculate
+
+
+def omni_heads(
+    session: Any,
+    source_dir: Path,
+    prepared: Any,
+    tokens: list[int],
+    ours: dict[str, np.ndarray],
+    reference: dict[str, np.ndarray],
+    steps: list[str],
+) -> dict[str, Any]:
+    """run_heads for an Omni package (OmniSession `session`, its `prepared` prompt): the
+    decoder is fed embeddings, the heads ids. Adds the head arrays to `ours` / `reference`
+    and returns the facts."""
+    from mobius_lite.speculative import speculative_greedy
+
+    def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
+        drafted, stats = speculative_greedy(
+            session.decoder,
+            head,
+            prepared.input_ids,
+            new_tokens,
+            k,
+            prompt_input=prepared.inputs_embeds,
+            decoder_input=session.embed,
+        )
+        return drafted[0], stats
+
+    prompt = [int(t) for t in prepared.input_ids[0]]
+    facts, head_ours, head_reference = run_heads(
+        session.directory, source_dir, prompt, tokens, ours, steps, session.providers, speculate
+    )
+    ours.update(head_ours)
+    reference.update(head_reference)
+    return facts
+
+
+def score_head(
+    facts: Mapping[str, Any],
+    ours: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    steps: list[str],
+) -> Verdict:
+    """The head's verdict: its arrays within the fixed gates and speculative tokens exactly the
+    plain ones. The acceptance rate is evidence only."""
+    if "error" in facts:
+        return Verdict(FAIL, facts["error"], dict(facts))
+    if not reference:
+        reason = "the reference head did not run: " + str(facts.get("reference_error", "?"))
+        return Verdict(NOT_RUN, reason, dict(facts))
+    parity = scoring.score_parity(ours, reference, steps, {})
+    speculative = facts["speculative"]
+    identical = speculative["tokens"] == speculative["plain_tokens"]
+    evidence = {"parity": parity.evidence, "speculative": speculative}
+    rate = (
+        f"acceptance {speculative['accepted']}/{speculative['proposed']} drafts "
+        f"(K={speculative['k']}, {speculative['new_tokens']} tokens)"
+    )
+    if parity.status != PASS:
+        return Verdict(parity.status, f"head arrays: {parity.summary}; {rate}", evidence)
+    if not identical:
+        return Verdict(
+            FAIL,
+            f"speculative tokens {speculative['tokens']} differ from plain greedy "
+            f"{speculative['plain_tokens']}",
+            evidence,
+        )
+    return Verdict(
+        PASS, f"head arrays: {parity.summary}; speculative tokens identical; {rate}", evidence
+    )

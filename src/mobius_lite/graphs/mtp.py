@@ -1,0 +1,61 @@
+"""The multi-token-prediction head's graph, mtp.onnx, and its I/O contract
+(docs/decoder_contract.md, "The multi-token-prediction head")."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript import GraphBuilder
+
+from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
+from mobius_lite.graphs.cache import BATCH, mtp_cache_tensors
+from mobius_lite.graphs.decoder import HIDDEN_STATES
+from mobius_lite.models.nemotron_h_mtp import NemotronHMTPForCausalLM
+
+MTP_HIDDEN_STATES = "mtp_hidden_states"
+
+
+def build_mtp(
+    config: NemotronHConfig,
+    ctx: BuildContext | None = None,
+    *,
+    logits_from_embeddings: bool = False,
+) -> tuple[ir.Model, NemotronHMTPForCausalLM]:
+    """Build mtp.onnx (weights not yet bound): (input_ids, hidden_states, attention_mask,
+    past_key_values.mtp.*) -> (logits, present.mtp.*, mtp_hidden_states).
+
+    The arguments mean what they mean for build_decoder; the head's weight slots resolve
+    their formats by their checkpoint names (mtp.layers.*, backbone.embeddings.weight,
+    lm_head.weight) as the decoder's do.
+    """
+    ctx = ctx or BuildContext.dense()
+    dtype = ctx.dtype
+    module = NemotronHMTPForCausalLM(config, ctx, logits_from_embeddings)
+    apply_weight_formats(module, ctx)
+
+    hidden = config.hidden_size
+    ids = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
+    states = graph_value(HIDDEN_STATES, dtype, (BATCH, "sequence", hidden))
+    mask = graph_value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
+    cache = mtp_cache_tensors(config, dtype)
+    past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
+
+    graph = new_graph("nemotron_h_mtp", [ids, states, mask, *past.values()])
+    op = GraphBuilder(graph).op
+    logits, presents, head_hidden = module(op, ids, states, mask, past)
+
+    outputs = [
+        name_output(logits, "logits", ir.DataType.FLOAT, (BATCH, "sequence", config.vocab_size))
+    ]
+    for c in cache:
+        outputs.append(
+            name_output(presents[c.present_name], c.present_name, c.dtype, c.present_shape)
+        )
+    per_sequence = op.Reshape(
+        head_hidden,
+        op.Concat(op.Slice(op.Shape(ids), [0], [2]), op.Constant(value_ints=[hidden]), axis=0),
+    )
+    outputs.append(name_output(per_sequence, MTP_HIDDEN_STATES, dtype, (BATCH, "sequence", hidden)))
+    graph.outputs.extend(outputs)
+    return to_model(graph), module

@@ -1,0 +1,143 @@
+"""Nemotron-H's multi-token-prediction head as onnxscript modules (vLLM's NemotronHMTP).
+
+At position t the head fuses the embedding of token t+1 with the decoder's final-normed
+hidden state at t, runs its own blocks (attention over its own cache, then MoE, each
+pre-norm + residual, the decoder's components) and a final RMSNorm, and scores the result
+with the decoder's lm_head: a draft of token t+2. Attribute names follow the checkpoint
+(mtp.layers.{i}.{enorm, hnorm, eh_proj, norm, mixer, final_layernorm}); the embedding table
+(backbone.embeddings.weight) and lm_head.weight are the decoder's, shared with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx_ir as ir
+from onnxscript import OpBuilder, nn
+
+from mobius_lite.components import Embedding, Linear, RMSNorm
+from mobius_lite.components.context import BuildContext
+from mobius_lite.configs import LayerSpec, NemotronHConfig
+from mobius_lite.errors import ConfigError
+from mobius_lite.models.nemotron_h import Block, StepInputs, output_logits, step_inputs
+
+
+class MTPBlock(Block):
+    """One head block: the decoder's Block (pre-norm, mixer, residual), with the fusion of
+    embedding and hidden state before the first one and the final norm after the last one."""
+
+    def __init__(
+        self,
+        layer: LayerSpec,
+        config: NemotronHConfig,
+        ctx: BuildContext,
+        *,
+        first: bool,
+        last: bool,
+    ) -> None:
+        super().__init__(layer, config, ctx)
+        hidden, eps = config.hidden_size, config.layer_norm_epsilon
+        self.first = first
+        self.last = last
+        if first:
+            self.enorm = RMSNorm(hidden, eps, ctx.dtype)
+            self.hnorm = RMSNorm(hidden, eps, ctx.dtype)
+            self.eh_proj = Linear(2 * hidden, hidden, False, ctx)
+        if last:
+            self.final_layernorm = RMSNorm(hidden, eps, ctx.dtype)
+
+    def forward(  # type: ignore[override]
+        self, op: OpBuilder, hidden: ir.Value, step: StepInputs, embeds: ir.Value | None = None
+    ) -> tuple[ir.Value, dict[str, ir.Value]]:
+        """hidden, embeds: [rows, hidden]; for the first block `hidden` is the decoder's
+        hidden state and `embeds` the next tokens' embeddings."""
+        if self.first:
+            assert embeds is not None
+            # vLLM's order: the normed embedding first, then the normed hidden state.
+            fused = op.Concat(self.enorm(op, embeds), self.hnorm(op, hidden), axis=-1)
+            hidden = self.eh_proj(op, fused)
+        out, presents = super().forward(op, hidden, step)
+        if self.last:
+            out = self.final_layernorm(op, out)
+        return out, presents
+
+
+class MTPModel(nn.Module):
+    """mtp.layers.{i}: the head's blocks in order."""
+
+    def __init__(self, config: NemotronHConfig, ctx: BuildContext) -> None:
+        super().__init__()
+        last = len(config.mtp_layers) - 1
+        self.layers = nn.ModuleList(
+            [
+                MTPBlock(layer, config, ctx, first=i == 0, last=i == last)
+                for i, layer in enumerate(config.mtp_layers)
+            ]
+        )
+
+    def forward(
+        self, op: OpBuilder, hidden: ir.Value, embeds: ir.Value, step: StepInputs
+    ) -> tuple[ir.Value, dict[str, ir.Value]]:
+        presents: dict[str, ir.Value] = {}
+        for i, block in enumerate(self.layers):
+            hidden, block_presents = block(op, hidden, step, embeds if i == 0 else None)
+            presents.update(block_presents)
+        return hidden, presents
+
+
+class _SharedEmbeddings(nn.Module):
+    """backbone.embeddings: the decoder's table, which the head reads under the same name."""
+
+    def __init__(self, config: NemotronHConfig, ctx: BuildContext) -> None:
+        super().__init__()
+        self.embeddings = Embedding(config.vocab_size, config.hidden_size, ctx)
+
+    def forward(self, op: OpBuilder, ids: ir.Value) -> ir.Value:
+        return self.embeddings(op, ids)
+
+
+class NemotronHMTPForCausalLM(nn.Module):
+    """The head with the decoder's embeddings and lm_head (or the tied table)."""
+
+    def __init__(
+        self, config: NemotronHConfig, ctx: BuildContext, logits_from_embeddings: bool = False
+    ) -> None:
+        super().__init__()
+        if not config.mtp_layers:
+            raise ConfigError(
+                "the config declares no multi-token-prediction head (num_nextn_predict_layers "
+                "is 0, or a Puzzle config without mtp_block_configs): there is no mtp graph"
+            )
+        self.config = config
+        self.backbone = _SharedEmbeddings(config, ctx)
+        self.mtp = MTPModel(config, ctx)
+        self.lm_head = (
+            None
+            if logits_from_embeddings
+            else Linear(config.hidden_size, config.vocab_size, False, ctx)
+        )
+
+    def forward(
+        self,
+        op: OpBuilder,
+        input_ids: ir.Value,
+        hidden_states: ir.Value,
+        attention_mask: ir.Value,
+        past: Mapping[str, ir.Value],
+    ) -> tuple[ir.Value, dict[str, ir.Value], ir.Value]:
+        """input_ids [batch, seq] (tokens t+1), hidden_states [batch, seq, hidden] (the
+        decoder's at t), attention_mask int64 [batch, past + seq] (the head's cache).
+
+        Returns (logits FP32 [batch, seq, vocab], presents by name, the final-normed head
+        output [rows, hidden])."""
+        width = self.config.hidden_size
+        step = step_inputs(op, input_ids, attention_mask, past)
+        embeds = self.backbone(op, input_ids)
+        rows = op.Constant(value_ints=[-1, width])
+        hidden, presents = self.mtp(
+            op, op.Reshape(hidden_states, rows), op.Reshape(embeds, rows), step
+        )
+        logits = output_logits(
+            op, hidden, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
+        )
+        return logits, presents, hidden

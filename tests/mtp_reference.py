@@ -1,0 +1,135 @@
+"""The independent reference of the multi-token-prediction head: plain torch written from the
+computation (docs/decoder_contract.md), with transformers' NemotronH RMSNorm, attention and
+MoE modules for the blocks, FP32.
+
+At position t: e = enorm(embed(token t+1)), h = hnorm(H_t), x = eh_proj([e, h]),
+x += attention(norm0(x)) over the head's own cache (no RoPE), x += moe(norm1(x)),
+out = final_layernorm(x), logits = lm_head(out).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import NemotronHConfig as HFNemotronHConfig
+from transformers.models.nemotron_h.modeling_nemotron_h import (
+    NemotronHAttention,
+    NemotronHMoE,
+    NemotronHRMSNorm,
+)
+
+
+class _ConcatCache:
+    """The cache interface NemotronHAttention calls (update appends along the sequence)."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, **_: Any):
+        if self.keys is None:
+            self.keys, self.values = key, value
+        else:
+            self.keys = torch.cat([self.keys, key], dim=2)
+            self.values = torch.cat([self.values, value], dim=2)
+        return self.keys, self.values
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(value, dtype=np.float32))
+
+
+def _load_moe(moe: NemotronHMoE, tensors: Mapping[str, Any], prefix: str) -> None:
+    """Per-expert released tensors -> transformers' stacked experts; the rest by name."""
+    state: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, torch.Tensor]] = {"up_proj": {}, "down_proj": {}}
+    pattern = re.compile(re.escape(prefix) + r"experts\.(\d+)\.(up_proj|down_proj)\.weight$")
+    for name, value in tensors.items():
+        if not name.startswith(prefix):
+            continue
+        match = pattern.match(name)
+        if match:
+            experts[match[2]][int(match[1])] = _tensor(value)
+        else:
+            state[name[len(prefix) :]] = _tensor(value)
+    for proj, by_index in experts.items():
+        state[f"experts.{proj}"] = torch.stack([by_index[e] for e in sorted(by_index)])
+    missing, unexpected = moe.load_state_dict(state, strict=False)
+    assert not unexpected, unexpected
+    # Identity latent projections have no parameters; everything else must be loaded.
+    assert not missing, missing
+
+
+class MTPHeadReference:
+    """The head over its own growing cache; `step` is one call of mtp.onnx."""
+
+    def __init__(
+        self,
+        tensors: Mapping[str, Any],
+        attention_config: HFNemotronHConfig,
+        moe_config: HFNemotronHConfig,
+        embeddings: Any,
+        lm_head: Any,
+        prefix: str = "mtp.layers.",
+    ) -> None:
+        """tensors: the head's checkpoint tensors (names as released, `prefix` in front of
+        `{i}.`); the configs give the attention block's and the MoE block's sizes."""
+        attention_config._attn_implementation = "eager"
+        moe_config._experts_implementation = "eager"
+        hidden, eps = attention_config.hidden_size, attention_config.layer_norm_epsilon
+
+        def norm(name: str) -> NemotronHRMSNorm:
+            module = NemotronHRMSNorm(hidden, eps)
+            module.weight.data = _tensor(tensors[prefix + name])
+            return module
+
+        self.enorm, self.hnorm = norm("0.enorm.weight"), norm("0.hnorm.weight")
+        self.eh_proj = _tensor(tensors[prefix + "0.eh_proj.weight"])
+        self.attention_norm, self.moe_norm = norm("0.norm.weight"), norm("1.norm.weight")
+        self.final_layernorm = norm("1.final_layernorm.weight")
+        self.attention = NemotronHAttention(attention_config, layer_idx=0).eval()
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(self.attention, proj).weight.data = _tensor(
+                tensors[f"{prefix}0.mixer.{proj}.weight"]
+            )
+        self.moe = NemotronHMoE(moe_config).eval()
+        _load_moe(self.moe, tensors, f"{prefix}1.mixer.")
+        self.embeddings = _tensor(embeddings)
+        self.lm_head = _tensor(lm_head)
+        self.cache = _ConcatCache()
+        self.mask = None
+
+    @torch.no_grad()
+    def step(self, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """ids [B, S] (tokens t+1), hidden [B, S, H] (the decoder's final-normed H_t),
+        mask [B, past + S] (1 = real) -> logits, mtp_hidden_states and the head's K/V."""
+        ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        h = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
+        keys_real = torch.from_numpy(np.asarray(mask)).bool()
+        batch, seq = ids_t.shape
+        total = keys_real.shape[1]
+        past = total - seq
+        e = self.enorm(torch.nn.functional.embedding(ids_t, self.embeddings))
+        x = torch.nn.functional.linear(torch.cat([e, self.hnorm(h)], dim=-1), self.eh_proj)
+        # causal after the past, padding keys never attended
+        query_pos = past + torch.arange(seq)[:, None]
+        allowed = (torch.arange(total)[None, :] <= query_pos)[None] & keys_real[:, None, :]
+        additive = torch.zeros(batch, 1, seq, total)
+        additive.masked_fill_(~allowed[:, None], torch.finfo(torch.float32).min)
+        attended, _ = self.attention(
+            self.attention_norm(x), attention_mask=additive, cache=self.cache
+        )
+        x = x + attended
+        x = x + self.moe(self.moe_norm(x))
+        out = self.final_layernorm(x)
+        logits = torch.nn.functional.linear(out, self.lm_head)
+        return {
+            "logits": logits.numpy(),
+            "mtp_hidden_states": out.numpy(),
+            "present.mtp.0.key": self.cache.keys.numpy(),
+            "present.mtp.0.value": self.cache.values.numpy(),
+        }

@@ -1,0 +1,346 @@
+"""The multi-token-prediction head (mtp.onnx) and the decoder's `hidden_states` output, for each
+source kind: parity at prefill + 5 cached steps against transformers (decoder hidden) and the
+independent head reference (tests/mtp_reference.py), under the FP32 gates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx_ir as ir
+import pytest
+
+import mobius_lite
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.configs.loader import load_text_config
+from mobius_lite.enums import GraphRole
+from mobius_lite.errors import CheckpointError, ConfigError
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
+from mobius_lite.graphs.cache import mtp_cache_tensors
+from mobius_lite.weights.verify import verify_package
+from mtp_fixtures import (
+    PUZZLE_MTP_BLOCKS,
+    drive_head_parity,
+    head_reference,
+    puzzle_block_config,
+    write_nemotron_h_mtp_checkpoint,
+    write_puzzle_mtp_checkpoint,
+)
+from mtp_reference import MTPHeadReference
+
+SHARED = ["backbone.embeddings.weight", "lm_head.weight"]
+
+
+def _failures(comparisons: list) -> list:
+    gates = (FP32_NRMSE, FP32_COSINE)
+    return [(c.name, c.nrmse, c.cosine) for c in comparisons if not c.passes(*gates)]
+
+
+@pytest.fixture(scope="module")
+def nemotron_h(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("mtp_nemotron_h")
+    checkpoint, model, head = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(root / "package", quiet=True)
+    return dict(checkpoint=checkpoint, model=model, head=head, package=package, out=out)
+
+
+def test_safetensors_package_carries_the_head(nemotron_h) -> None:
+    package, out = nemotron_h["package"], nemotron_h["out"]
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    assert (out / "mtp.onnx").is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    # the head's weights shared with the decoder are declared so and stored once
+    assert {name: sorted(roles) for name, roles in manifest["shared"].items()} == {
+        name: ["decoder", "mtp"] for name in SHARED
+    }
+    assert not any(name.startswith("mtp.") for name in manifest["unused"])
+    head_sources = {s for b in package.graph(GraphRole.MTP).plan.bindings for s in b.sources}
+    assert set(nemotron_h["head"]) | set(SHARED) == head_sources
+    report = verify_package(out, nemotron_h["checkpoint"])
+    assert report.ok and report.checked == len(manifest["sources"])
+
+
+@pytest.mark.parametrize(("batch", "left_padding"), [(1, ()), (2, (3,))])
+def test_safetensors_head_parity(nemotron_h, batch: int, left_padding: tuple[int, ...]) -> None:
+    config = NemotronHConfig.from_file(nemotron_h["checkpoint"])
+    reference = head_reference(nemotron_h["model"], nemotron_h["head"])
+    comparisons = drive_head_parity(
+        nemotron_h["model"],
+        reference,
+        nemotron_h["out"],
+        config,
+        batch=batch,
+        left_padding=left_padding,
+    )
+    assert len(comparisons) == 6 * 5  # hidden + 4 head arrays, prefill + 5 steps
+    assert not _failures(comparisons)
+
+
+def test_genai_runs_a_package_with_a_head(nemotron_h) -> None:
+    """onnxruntime-genai ignores the decoder's extra hidden_states output and mtp.onnx: its
+    greedy tokens are transformers'."""
+    pytest.importorskip("onnxruntime_genai")
+    from test_genai import PROMPT, genai_generate, transformers_greedy
+
+    expected = transformers_greedy(nemotron_h["model"], PROMPT, 8, cached=True)
+    assert len(expected) == 8
+    assert genai_generate(nemotron_h["out"], PROMPT, 8) == expected
+
+
+def test_puzzle_head_parity(tmp_path: Path) -> None:
+    """Puzzle: the head's own sizes from mtp_block_configs, its tensors in mtp.safetensors
+    (found beside the index that does not list it)."""
+    checkpoint, model, head, raw = write_puzzle_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    config = load_text_config(raw)
+    assert [layer.moe.n_routed_experts for layer in config.mtp_layers[1:]] == [6]
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    reference = MTPHeadReference(
+        head,
+        puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[0]),
+        puzzle_block_config(raw, PUZZLE_MTP_BLOCKS[1]),
+        model.model.embeddings.weight.detach().numpy(),
+        model.lm_head.weight.detach().numpy(),
+    )
+    comparisons = drive_head_parity(model, reference, out, config, batch=2, left_padding=(2,))
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+@pytest.mark.parametrize("backend", ["standard", "ort"])
+def test_gguf_q8_0_head_parity(tmp_path: Path, backend: str) -> None:
+    """GGUF (nemotron_h_moe, Q8_0 weights): the head folded into block n_layer with
+    nextn_predict_layers = 1 and the converter's copies of token_embd / output; the decoder
+    does not take that block as a layer, the head computes packed."""
+    import numpy as np
+    import torch
+    from transformers import NemotronHForCausalLM
+
+    from gguf_fixtures import dequantized_arrays, dequantized_state_dict, write_gguf
+    from mobius_lite.configs.gguf_metadata import config_from_gguf
+    from mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_from_gguf,
+        head_tensors,
+        nextn_tensors,
+    )
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    copies = {
+        "nextn.embed_tokens.weight": state["model.embeddings.weight"],
+        "nextn.shared_head_head.weight": state["lm_head.weight"],
+    }
+    path = tmp_path / "tiny.gguf"
+    write_gguf(
+        path,
+        model,
+        "nemotron_h_moe",
+        {r".": "Q8_0"},
+        nextn=nextn_tensors(head, model.config, copies),
+    )
+    _, metadata = dequantized_arrays(path)
+    config = NemotronHConfig.from_dict(config_from_gguf(metadata))
+    assert config.num_hidden_layers == len(HEAD_PATTERN) and config.has_mtp_head
+
+    package = mobius_lite.build(path, weights_backend=backend)
+    out = package.save(tmp_path / "package", quiet=True)
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    # Q8_0 stays packed in the head: ggml blocks (standard) or MatMulNBits' layout (ort)
+    weights = package.graph(GraphRole.MTP).model.graph.initializers
+    packed = "mtp.layers.0.eh_proj.weight" + ("_nbits_b" if backend == "ort" else "")
+    assert weights[packed].dtype == ir.DataType.UINT8
+    block = config.num_hidden_layers
+    assert set(package.plan.unused) == {
+        f"blk.{block}.nextn.embed_tokens.weight",
+        f"blk.{block}.nextn.shared_head_head.weight",
+    }
+
+    reference_decoder = NemotronHForCausalLM(model.config).eval()
+    reference_decoder.load_state_dict(dequantized_state_dict(path), strict=True)
+    head_arrays, _ = head_from_gguf(path)
+    assert set(head_arrays) == set(head)
+    reference = head_reference(reference_decoder, head_arrays)
+    with torch.no_grad():
+        comparisons = drive_head_parity(reference_decoder, reference, out, config)
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+def test_omni_head_parity(tmp_path: Path) -> None:
+    """Omni: language_model.mtp.* becomes mtp.onnx beside the Omni graphs; the decoder (fed
+    inputs_embeds) gains hidden_states; the head shares the text table and lm_head."""
+    from mtp_fixtures import omni_embedder, write_omni_mtp_checkpoint
+
+    checkpoint, model, head = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    assert GraphRole.MTP in [g.role for g in package.graphs]
+    manifest = json.loads((out / "manifest.json").read_text())
+    shared = {name: sorted(roles) for name, roles in manifest["shared"].items()}
+    table = [n for n in shared if n.startswith("language_model.") and "embeddings" in n]
+    assert len(table) == 1 and "mtp" in shared[table[0]]
+    assert "mtp" in shared["language_model.lm_head.weight"]
+    assert not any(name.startswith("language_model.mtp.") for name in manifest["unused"])
+
+    text = model.language_model
+    config = package.config
+    reference = head_reference(text, head)
+    comparisons = drive_head_parity(text, reference, out, config, decoder_input=omni_embedder(out))
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+# --------------------------------------------------------------------------- bad input
+HEAD_CONFIG = {
+    "model_type": "nemotron_h",
+    "hybrid_override_pattern": "M*E",
+    "num_nextn_predict_layers": 1,
+}
+
+
+def test_head_config_spellings() -> None:
+    """mtp_layers_block_type defaults to attention + moe; the legacy pattern "*E" says the
+    same; the head's cache names come from its attention block."""
+    default = NemotronHConfig.from_dict(HEAD_CONFIG)
+    legacy = NemotronHConfig.from_dict({**HEAD_CONFIG, "mtp_hybrid_override_pattern": "*E"})
+    listed = NemotronHConfig.from_dict(
+        {**HEAD_CONFIG, "mtp_layers_block_type": ["full_attention", "moe"]}
+    )
+    assert default.mtp_layers == legacy.mtp_layers == listed.mtp_layers
+    assert [layer.cache_layer for layer in default.mtp_layers] == ["mtp.0", "mtp.1"]
+    assert [c.past_name for c in mtp_cache_tensors(default, ir.DataType.FLOAT)] == [
+        "past_key_values.mtp.0.key",
+        "past_key_values.mtp.0.value",
+    ]
+    assert (
+        NemotronHConfig.from_dict({**HEAD_CONFIG, "num_nextn_predict_layers": 0}).mtp_layers == ()
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_nextn_predict_layers": 2}, "only 0 or 1"),
+        ({"mtp_layers_block_type": ["mamba", "moe"]}, "must be attention or moe"),
+        (
+            {"mtp_layers_block_type": ["attention", "moe"], "mtp_hybrid_override_pattern": "E*"},
+            "disagree",
+        ),
+        ({"mtp_hybrid_override_pattern": ["*", "E"]}, "must be a string"),
+    ],
+)
+def test_bad_head_configs_are_one_clear_error(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        NemotronHConfig.from_dict({**HEAD_CONFIG, **fields})
+
+
+def test_puzzle_head_moe_needs_its_sizes() -> None:
+    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config
+
+    raw = puzzle_raw_config(
+        HETEROGENEOUS_BLOCKS,
+        num_nextn_predict_layers=1,
+        mtp_block_configs=[{"block_type": "attention"}, {"block_type": "moe"}],
+    )
+    with pytest.raises(ConfigError, match=r"mtp_block_configs\[1\] \(moe\) gives no"):
+        load_text_config(raw)
+
+
+def test_an_incomplete_head_is_one_clear_error(nemotron_h, tmp_path: Path) -> None:
+    """A checkpoint with the head's fusion projection but not its other tensors fails before
+    anything is written, naming what is missing."""
+    from safetensors.numpy import load_file, save_file
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    for f in nemotron_h["checkpoint"].iterdir():
+        if f.name != "model.safetensors":
+            (checkpoint / f.name).symlink_to(f)
+    tensors = load_file(nemotron_h["checkpoint"] / "model.safetensors")
+    del tensors["mtp.layers.1.final_layernorm.weight"]
+    save_file(tensors, checkpoint / "model.safetensors")
+    with pytest.raises(CheckpointError, match="mtp.layers.1.final_layernorm.weight"):
+        mobius_lite.build(checkpoint)
+
+
+def test_modelopt_nvfp4_head_parity(tmp_path: Path) -> None:
+    """ModelOpt NVFP4: the head's linears are NVFP4 as the decoder's, stay packed in mtp.onnx,
+    and match the head reference on the independently dequantized weights."""
+    import numpy as np
+
+    import modelopt_fixtures as mf
+    from mtp_fixtures import HeadShape, head_tensors
+
+    shape = HeadShape(
+        hidden=32, heads=4, kv_heads=2, head_dim=8, experts=8, inner=16, shared_inner=32
+    )
+    head = head_tensors(shape, np.random.default_rng(11))
+
+    def add_head(tensors: dict, config: dict, _hf: dict | None) -> None:
+        config["num_nextn_predict_layers"] = 1
+        for name, value in head.items():
+            linear = value.ndim == 2 and not name.endswith("gate.weight")
+            if not linear:
+                tensors[name] = value
+                continue
+            module = name.removesuffix(".weight")
+            for suffix, part in mf.quantize_nvfp4(value).items():
+                tensors[f"{module}.{suffix}"] = part
+            tensors[f"{module}.input_scale"] = np.array(4.0 / (6.0 * 448.0), dtype=np.float32)
+
+    checkpoint = tmp_path / "checkpoint"
+    mf.write_checkpoint("nvfp4", checkpoint, edit=add_head)
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    weights = package.graph(GraphRole.MTP).model.graph.initializers
+    assert weights["mtp.layers.0.eh_proj.weight"].dtype == ir.DataType.UINT8  # packed NVFP4
+
+    reference_decoder = mf.dense_reference(checkpoint, tmp_path / "reference")
+    dense = mf.dequantized_state_dict(checkpoint)
+    reference = head_reference(
+        reference_decoder, {n: v for n, v in dense.items() if n.startswith("mtp.")}
+    )
+    comparisons = drive_head_parity(reference_decoder, reference, out, package.config)
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+def test_gguf_head_metadata(tmp_path: Path) -> None:
+    """The nextn block is cut from the decoder's layers; config.json may say the same in
+    transformers' spelling; a head block with other head counts is one clear error."""
+    from gguf_fixtures import dequantized_arrays
+    from mobius_lite.configs.gguf_metadata import config_from_gguf
+    from mtp_fixtures import HEAD_PATTERN
+
+    path = _gguf_with_head(tmp_path)
+    _, metadata = dequantized_arrays(path)
+    given = {"mtp_layers_block_type": ["full_attention", "moe"], "num_nextn_predict_layers": 1}
+    config = NemotronHConfig.from_dict(config_from_gguf(metadata, given))
+    assert config.num_hidden_layers == len(HEAD_PATTERN) and config.has_mtp_head
+    arch = metadata["general.architecture"]
+    kv = list(metadata[f"{arch}.attention.head_count_kv"])
+    kv[-1] = 1  # the head's block: 1 KV head, the decoder's attention layer 2
+    with pytest.raises(ConfigError, match="multi-token-prediction block 4 has num_key_value"):
+        config_from_gguf({**metadata, f"{arch}.attention.head_count_kv": kv})
+    with pytest.raises(ConfigError, match="nextn_predict_layers=2"):
+        config_from_gguf({**metadata, f"{arch}.nextn_predict_layers": 2})
+
+
+def _gguf_with_head(tmp_path: Path) -> Path:
+    import numpy as np
+
+    from gguf_fixtures import write_gguf
+    from mtp_fixtures import HEAD_PATTERN, global_head_shape, head_tensors, nextn_tensors
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, model, "nemotron_h_moe", {}, nextn=nextn_tensors(head, model.config))
+    return path

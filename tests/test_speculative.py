@@ -1,0 +1,280 @@
+"""Speculative greedy decoding with the MTP head (speculative.py) against plain greedy decoding.
+
+The reference is the decoder stepped one token per call (runtime.greedy at batch 1, the same
+loop per row for a left-padded batch): 64 new tokens must be identical for K = 1, 2 and 4, and
+the decoder's conv, SSM and attention states afterwards must be plain decoding's (FP32 gates:
+the verifying call computes several positions at once, so the arrays agree to rounding, not
+bit for bit). A random head rarely drafts right, so a scripted head that drafts the known
+continuation (always, or wrong at chosen positions) drives the accept and partial-accept paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import mobius_lite
+from mobius_lite.cli.main import main
+from mobius_lite.errors import ConfigError, PackageError
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from mobius_lite.runtime import DecoderSession, greedy
+from mobius_lite.speculative import MtpHead, open_head, speculative_greedy
+from mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
+from nemotron_reference import make_reference
+from speculative_fixtures import ScriptedHead, plain_greedy
+
+NEW_TOKENS = 64
+PROMPT = 9
+PAD = 3  # left padding of the batch's second row
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("speculative")
+    checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
+    out = mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+    save_tokenizer(out)
+    return out
+
+
+def save_tokenizer(package: Path) -> None:
+    """A word-level tokenizer: "w{i}" is token i."""
+    vocab = {f"w{i}": i for i in range(90)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(package / "tokenizer.json"))
+
+
+def prompt(batch: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(batch).integers(3, vocab, size=(batch, PROMPT)).astype(np.int64)
+    mask = np.ones_like(ids)
+    if batch == 2:
+        ids[1, :PAD] = 0
+        mask[1, :PAD] = 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def plain_runs(package) -> dict:
+    """Per batch: the prompt, plain greedy tokens, the decoder's hidden state at every fed
+    position, and the decoder's state and mask after the run."""
+    runs = {}
+    decoder = DecoderSession(package / "model.onnx")
+    for batch in (1, 2):
+        ids, mask = prompt(batch, decoder.vocab_size)
+        tokens, hidden = plain_greedy(decoder, ids, mask, NEW_TOKENS)
+        runs[batch] = dict(
+            ids=ids,
+            mask=mask,
+            tokens=tokens,
+            hidden=hidden,
+            state=dict(decoder.past),
+            full_mask=decoder.mask,
+        )
+    # the runtime's own greedy loop gives the same tokens
+    assert greedy(decoder, runs[1]["ids"], NEW_TOKENS).tokens == runs[1]["tokens"][0].tolist()
+    return runs
+
+
+def state_failures(actual: dict, expected: dict) -> list:
+    assert actual.keys() == expected.keys()
+    comparisons = [compare(name, actual[name], expected[name]) for name in expected]
+    return [(c.name, c.nrmse) for c in comparisons if not c.passes(FP32_NRMSE, FP32_COSINE)]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_tokens_and_states_equal_plain_greedy(package, plain_runs, k: int, batch: int) -> None:
+    run = plain_runs[batch]
+    ids, mask, plain = run["ids"], run["mask"], run["tokens"]
+    plain_state, plain_mask = run["state"], run["full_mask"]
+    decoder = DecoderSession(package / "model.onnx")
+    head = open_head(package)
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
+    assert np.array_equal(np.array(tokens), plain)
+    assert stats.proposed > 0 and stats.rounds < NEW_TOKENS
+    np.testing.assert_array_equal(decoder.mask, plain_mask)
+    assert not state_failures(decoder.past, plain_state)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_head_cache_keeps_only_real_positions(package, plain_runs, batch: int) -> None:
+    """After generation the head's cache holds exactly the entries of (token t+1, decoder
+    hidden t) at every position it covers: the chained drafts' entries were cut."""
+    run = plain_runs[batch]
+    ids, mask, plain, hidden = run["ids"], run["mask"], run["tokens"], run["hidden"]
+    decoder = DecoderSession(package / "model.onnx")
+    head = open_head(package)
+    speculative_greedy(decoder, head, ids, NEW_TOKENS, 4, attention_mask=mask)
+    covered = head.length
+    assert 0 < covered < decoder.mask.shape[1]
+
+    sequence = np.concatenate([ids, plain], axis=1)
+    fresh = MtpHead(package / "mtp.onnx")
+    fresh.reset(batch)
+    full_mask = np.concatenate([mask, np.ones((batch, NEW_TOKENS), np.int64)], axis=1)
+    fresh.step(
+        sequence[:, 1 : covered + 1], np.stack(hidden[:covered], axis=1), full_mask[:, :covered]
+    )
+    np.testing.assert_array_equal(head.mask, fresh.mask)
+    real = full_mask[:, :covered].astype(bool)  # padded positions' K/V are unspecified
+    for name, expected in fresh.past.items():
+        ours = head.past[name].transpose(0, 2, 1, 3)[real]
+        c = compare(name, ours, expected.transpose(0, 2, 1, 3)[real])
+        assert c.passes(FP32_NRMSE, FP32_COSINE), c
+
+
+WRONG = {
+    "never": lambda row, t: False,
+    "every fifth": lambda row, t: (7 * t + 3 * row) % 5 == 0,
+    "always": lambda row, t: True,
+}
+
+
+@pytest.mark.parametrize("wrong", list(WRONG))
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_accepted_drafts_leave_plain_states(
+    package, plain_runs, k: int, batch: int, wrong: str
+) -> None:
+    run = plain_runs[batch]
+    ids, mask, plain, hidden = run["ids"], run["mask"], run["tokens"], run["hidden"]
+    plain_state = run["state"]
+    decoder = DecoderSession(package / "model.onnx")
+    sequence = np.concatenate([ids, plain], axis=1)
+    head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
+
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
+    assert np.array_equal(np.array(tokens), plain)
+    assert not state_failures(decoder.past, plain_state)
+    if wrong == "never":
+        assert stats.accepted == stats.proposed > 0 and stats.rollbacks == 0
+        # every round but the last emits k + 1 tokens
+        assert stats.rounds == -(-(NEW_TOKENS - 1) // (k + 1))
+    elif wrong == "always":
+        assert stats.accepted == 0 and stats.rollbacks == stats.rounds - 1
+    else:
+        assert 0 < stats.accepted < stats.proposed and stats.rollbacks > 0
+    # the head kept only real entries: token t+1 and the decoder's hidden state at t
+    for t, (token, state) in enumerate(head.entries):
+        np.testing.assert_array_equal(token, sequence[:, t + 1])
+        c = compare(f"hidden {t}", state, hidden[t])
+        assert c.passes(FP32_NRMSE, FP32_COSINE), c
+
+
+def test_generate_cli_reports_drafts(package, capsys) -> None:
+    base = ["generate", str(package), "--prompt", "w5 w17 w33 w4 w61", "--ids"]
+    assert main([*base, "--max-new-tokens", "24"]) == 0
+    plain = capsys.readouterr().out
+    for k in ("1", "3"):
+        assert main([*base, "--max-new-tokens", "24", "--speculative", k]) == 0
+        captured = capsys.readouterr()
+        assert captured.out == plain
+        assert "drafts proposed" in captured.err and "accepted" in captured.err
+
+
+@pytest.fixture(scope="module")
+def headless_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("headless")
+    make_reference({"layers_block_type": HEAD_PATTERN}, 0).save_pretrained(root / "checkpoint")
+    plain = mobius_lite.build(root / "checkpoint").save(root / "package", quiet=True)
+    save_tokenizer(plain)
+    return plain
+
+
+def test_generate_cli_refuses_speculation_without_a_head(package, headless_package, capsys) -> None:
+    plain = headless_package
+    code = main(["generate", str(plain), "--prompt", "w5", "--speculative", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no mtp.onnx" in err and "Traceback" not in err
+    code = main(["generate", str(package), "--prompt", "w5", "--speculative", "-1"])
+    assert code == 2 and "--speculative must be" in capsys.readouterr().err
+
+
+def _puzzle_package(root: Path) -> Path:
+    from mtp_fixtures import write_puzzle_mtp_checkpoint
+
+    checkpoint, _, _, _ = write_puzzle_mtp_checkpoint(root / "checkpoint")
+    return mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+
+
+def _gguf_q8_0_package(root: Path) -> Path:
+    from gguf_fixtures import write_gguf
+    from mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
+    path = root / "tiny.gguf"
+    write_gguf(
+        path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn_tensors(head, model.config, {})
+    )
+    return mobius_lite.build(path, weights_backend="ort").save(root / "package", quiet=True)
+
+
+@pytest.fixture(scope="module", params=["puzzle", "gguf_q8_0"])
+def other_package(request, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp(f"speculative_{request.param}")
+    return {"puzzle": _puzzle_package, "gguf_q8_0": _gguf_q8_0_package}[request.param](root)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_every_package_kind_with_a_head(other_package: Path, k: int) -> None:
+    """Puzzle (the head's own MoE shape, mtp.safetensors) and GGUF Q8_0 (the head packed, on
+    the ort backend): speculative tokens equal the runtime's plain greedy tokens."""
+    decoder = DecoderSession(other_package / "model.onnx")
+    ids, _ = prompt(1, decoder.vocab_size)
+    plain = greedy(decoder, ids, NEW_TOKENS).tokens
+    plain_state = dict(decoder.past)
+    tokens, stats = speculative_greedy(decoder, open_head(other_package), ids, NEW_TOKENS, k)
+    assert tokens[0] == plain and stats.proposed > 0
+    assert not state_failures(decoder.past, plain_state)
+
+
+@pytest.mark.parametrize("new_tokens", [1, 2, 3])
+def test_fewer_tokens_than_drafts(package, plain_runs, new_tokens: int) -> None:
+    """A round never drafts past max_new_tokens: 1, 2 or 3 tokens at K = 4 are plain's."""
+    run = plain_runs[2]
+    decoder = DecoderSession(package / "model.onnx")
+    tokens, stats = speculative_greedy(
+        decoder, open_head(package), run["ids"], new_tokens, 4, attention_mask=run["mask"]
+    )
+    assert np.array_equal(np.array(tokens), run["tokens"][:, :new_tokens])
+    # the first round drafts new_tokens - 2 (its own next token is the last one), per row
+    assert stats.proposed == 2 * max(new_tokens - 2, 0)
+    assert decoder.mask.shape[1] == run["ids"].shape[1] + new_tokens - 1
+
+
+@pytest.mark.parametrize("wrong", ["never", "every fifth"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_stop_token_inside_an_accepted_round(package, plain_runs, k: int, wrong: str) -> None:
+    """A stop token among a round's accepted drafts ends generation there, with the decoder
+    state plain decoding (runtime.greedy with the stop token) leaves."""
+    run = plain_runs[1]
+    ids, sequence = run["ids"], np.concatenate([run["ids"], run["tokens"]], axis=1)
+    stop = int(run["tokens"][0, 20])
+    decoder = DecoderSession(package / "model.onnx")
+    plain = greedy(decoder, ids, NEW_TOKENS, stop_tokens={stop}).tokens
+    plain_state, plain_mask = dict(decoder.past), decoder.mask
+    assert plain[-1] == stop and len(plain) <= 21
+    head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, stops={stop})
+    assert tokens[0] == plain
+    if wrong == "never":  # rounds emit k + 1 tokens after the first; one ending mid-round re-runs
+        last = len(plain) - 1
+        assert stats.rollbacks == int(last > 0 and (last - 1) % (k + 1) != k)
+    np.testing.assert_array_equal(decoder.mask, plain_mask)
+    assert not state_failures(decoder.past, plain_state)
+
+
+def test_graphs_outside_the_head_contract_are_refused(package, headless_package) -> None:
+    """A graph that is not a head, and a decoder without hidden_states, are one clear error."""
+    with pytest.raises(PackageError, match="lacks hidden_states"):
+        MtpHead(package / "model.onnx")
+    decoder = DecoderSession(headless_package / "model.onnx")
+    with pytest.raises(PackageError, match="has no hidden_states output"):
+        speculative_greedy(decoder, open_head(package), np.array([[5, 6]]), 4, 2)
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        speculative_greedy(decoder, open_head(package), np.array([[5, 6]]), 4, 0)

@@ -1,0 +1,73 @@
+"""Speculative greedy decoding on an Omni package (the decoder fed embeddings, the head fed ids)
+against plain greedy decoding: an image prompt through OmniSession, and a left-padded text
+batch of 2 through the embedding graph; 64 new tokens, K = 1, 2 and 4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mobius_lite
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from mobius_lite.omni_runtime import Media, OmniSession
+from mobius_lite.speculative import open_head, speculative_greedy
+from mtp_fixtures import write_omni_mtp_checkpoint
+from omni_fixtures import pack_images
+from speculative_fixtures import plain_greedy
+
+NEW_TOKENS = 64
+IMAGE_TOKEN = 90  # write_omni_mtp_checkpoint's image_token_id
+MERGE = 4  # downsample_ratio 0.5: 2 x 2 patches per feature row
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("speculative_omni")
+    checkpoint, _, _ = write_omni_mtp_checkpoint(root / "checkpoint")
+    return mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+
+
+def state_failures(actual: dict, expected: dict) -> list:
+    comparisons = [compare(name, actual[name], expected[name]) for name in expected]
+    return [(c.name, c.nrmse) for c in comparisons if not c.passes(FP32_NRMSE, FP32_COSINE)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_image_prompt_equals_plain_greedy(package, k: int) -> None:
+    gen = torch.Generator().manual_seed(3)
+    pixels, grid = pack_images([torch.randn(3, 16, 24, generator=gen)])
+    rows = int(grid.prod(-1).sum()) // MERGE
+    ids = np.array([[5, 17, *([IMAGE_TOKEN] * rows), 33, 8]], dtype=np.int64)
+    media = Media(pixel_values=pixels, image_grid_hw=grid)
+    session = OmniSession(package)
+    plain = session.generate(ids, media, NEW_TOKENS)
+    plain_state = dict(session.decoder.past)
+    tokens, outputs, stats = session.generate_speculative(ids, media, NEW_TOKENS, k)
+    assert tokens == plain.tokens
+    assert stats.proposed > 0 and len(outputs) >= stats.rounds + 1
+    assert not state_failures(session.decoder.past, plain_state)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_left_padded_text_batch_equals_plain_greedy(package, k: int) -> None:
+    session = OmniSession(package)
+    ids = np.random.default_rng(4).integers(3, 80, size=(2, 9)).astype(np.int64)
+    mask = np.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    embeds = session.embed(ids)
+    plain, _ = plain_greedy(session.decoder, ids, mask, NEW_TOKENS, embeds, session.embed)
+    plain_state = dict(session.decoder.past)
+    tokens, stats = speculative_greedy(
+        session.decoder,
+        open_head(package),
+        ids,
+        NEW_TOKENS,
+        k,
+        attention_mask=mask,
+        prompt_input=embeds,
+        decoder_input=session.embed,
+    )
+    assert np.array_equal(np.array(tokens), plain)
+    assert stats.proposed > 0
+    assert not state_failures(session.decoder.past, plain_state)
