@@ -344,3 +344,26 @@ def _gguf_with_head(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.gguf"
     write_gguf(path, model, "nemotron_h_moe", {}, nextn=nextn_tensors(head, model.config))
     return path
+
+
+def test_tied_checkpoint_head_scores_with_the_table(tmp_path: Path) -> None:
+    """A tied checkpoint without lm_head.weight: the head's logits use the embedding table,
+    stored once for decoder and head."""
+    from safetensors.numpy import load_file, save_file
+
+    checkpoint, model, head = write_nemotron_h_mtp_checkpoint(
+        tmp_path / "checkpoint", {"tie_word_embeddings": True}
+    )
+    model.lm_head.weight.data = model.model.embeddings.weight.data.clone()
+    tensors = load_file(checkpoint / "model.safetensors")
+    tensors.pop("lm_head.weight", None)
+    save_file(tensors, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(manifest["shared"]) == ["backbone.embeddings.weight"]
+    comparisons = drive_head_parity(
+        model, head_reference(model, head), out, package.config, decode_steps=5
+    )
+    assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
