@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from tests.gguf_fixtures import random_blocks
 
 from mobius_lite.formats.ggml.nbits_layout import (
     NBitsLayout,
@@ -20,7 +21,6 @@ from mobius_lite.formats.ggml.nbits_layout import (
     to_nbits_layout,
 )
 from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
-from tests.gguf_fixtures import random_blocks
 
 from .emit_harness import run_emitter
 from .ggml_data import random_rows
