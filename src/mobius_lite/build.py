@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.components.context import Backend
+from mobius_lite.components.context import Activations, Backend
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.configs.loader import load_text_config
@@ -18,7 +18,12 @@ from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.package import GraphRecord, ModelPackage
-from mobius_lite.routes import check_route, check_weight_format, parse_backend
+from mobius_lite.routes import (
+    check_activations,
+    check_route,
+    check_weight_format,
+    parse_backend,
+)
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.open import SAFETENSORS, open_checkpoint
@@ -73,6 +78,7 @@ def build(
     dequantize: bool = False,
     gguf_file: str | None = None,
     config: str | Path | None = None,
+    activations: Activations | str = Activations.EXACT,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -82,7 +88,9 @@ def build(
     `weights_backend` ("standard": standard ONNX ops; "ort": onnxruntime's own ops, which also
     gives the Mamba mixers onnxruntime's native conv / SSD kernels); with
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
-    fields a GGUF file does not carry. Nothing but config, tokenizer and tensor headers is
+    fields a GGUF file does not carry. `activations` ("exact", "exact-fused", "int8";
+    components.context.Activations) moves packed matmuls and experts onto onnxruntime's
+    fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer and tensor headers is
     read here; tensor data is streamed by ModelPackage.save. The resolved commit is
     recorded in metadata["source"].
     """
@@ -90,6 +98,7 @@ def build(
         check_task(task)
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
+    mode = check_activations(activations, backend, precision, provider)
     opened = open_checkpoint(
         model,
         revision,
@@ -105,7 +114,7 @@ def build(
         load_text_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
-    options = ExportOptions(precision, backend, dequantize, opened.unused_rules)
+    options = ExportOptions(precision, backend, dequantize, opened.unused_rules, mode)
     text_config, graphs, shared, config_json = package_graphs(
         opened.raw_config, source, opened.kind, options
     )

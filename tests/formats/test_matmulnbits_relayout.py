@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from tests.gguf_fixtures import random_blocks
+from gguf_fixtures import random_blocks
 
 from mobius_lite.formats.ggml.nbits_layout import (
     NBitsLayout,

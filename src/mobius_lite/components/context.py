@@ -10,12 +10,14 @@ each slot the format its full name resolves to, so model code never mentions a f
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
+from mobius_lite.formats.contrib import is_ort
 from mobius_lite.formats.weight import DenseWeight, WeightFormat
 
 
@@ -26,6 +28,23 @@ class Backend(str, enum.Enum):
     # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
     # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
     ORT = "ort"
+
+
+class Activations(str, enum.Enum):
+    """How packed matmuls and experts compute on onnxruntime's CPU kernels (`--activations`).
+
+    EXACT keeps today's routes. EXACT_FUSED moves them onto the fused kernels where the result
+    stays exact within f32 rounding: MatMulNBits at accuracy 0 over the exact code layouts
+    (formats/ggml/exact_codes.py), experts on the com.microsoft MoE (f32) / QMoE (4-bit,
+    accuracy 0) kernels in their SwiGLU form of ReLU^2. INT8 puts every packed matmul on
+    MatMulNBits at accuracy 4 and every packed MoE on QMoE: the kernels quantize the
+    activations to int8 per block, as llama.cpp does for these types (not exact; gated by
+    evaluation.metrics.INT8_ACTIVATION_GATES).
+    """
+
+    EXACT = "exact"
+    EXACT_FUSED = "exact-fused"
+    INT8 = "int8"
 
 
 # (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
@@ -39,6 +58,15 @@ class BuildContext:
     backend: Backend = Backend.STANDARD
     # Mamba's A as the source stores it: "A_log" (transformers) or "A" (= -exp(A_log), GGUF).
     mamba_a: str = "A_log"
+    activations: Activations = Activations.EXACT
+    # build-time lines already said (each route notice once per build)
+    notices: set[str] = field(default_factory=set, compare=False)
+
+    def notice(self, line: str) -> None:
+        """Say `line` once per build (a weight kept on the exact route, a byte cost)."""
+        if line not in self.notices:
+            self.notices.add(line)
+            logging.getLogger("mobius_lite.routes").warning(line)
 
     def weight_format(self, name: str, shape: tuple[int, ...]) -> WeightFormat | None:
         """The format of weight slot `name`, or None when it stays dense."""
@@ -72,6 +100,14 @@ class WeightedModule(nn.Module):
             setattr(self, attr + suffix, parameter)
         self._slots[attr] = (shape, fmt, tuple(parameters))
 
+    def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
+        """The format slot `attr` computes with under the context's activation mode (the
+        resolved `fmt` unless the module moves it onto a fused kernel)."""
+        return fmt
+
+    def formats_applied(self) -> None:
+        """Called once every slot has its format (a module may reconcile its slots)."""
+
     def weight_format_of(self, attr: str) -> WeightFormat:
         return self._slots[attr][1]
 
@@ -88,6 +124,24 @@ class WeightedModule(nn.Module):
         return self.weight_format_of(attr).select(op, self.slot_values(attr), indices)
 
 
+def fused_kernels(ctx: BuildContext) -> bool:
+    """Whether the context moves packed matmuls and experts onto the fused kernels."""
+    return ctx.activations is not Activations.EXACT and is_ort(ctx.backend)
+
+
+def matmul_kernel_format(ctx: BuildContext, fmt: WeightFormat) -> WeightFormat:
+    """A linear layer's format under the activation mode: MatMulNBits over the exact code
+    layout (accuracy 0, or 4 for int8) where the format has one; else `fmt`, said once."""
+    move = getattr(fmt, "on_exact_layout", None)
+    if not fused_kernels(ctx) or move is None:
+        return fmt
+    moved = move(4 if ctx.activations is Activations.INT8 else 0)
+    if isinstance(moved, str):
+        ctx.notice(f"--activations {ctx.activations.value}: {moved}; kept on the exact route")
+        return fmt
+    return moved
+
+
 def apply_weight_formats(root: nn.Module, ctx: BuildContext) -> None:
     """Give every weight slot under `root` the format its checkpoint name resolves to."""
     if not ctx.weight_formats:
@@ -98,4 +152,5 @@ def apply_weight_formats(root: nn.Module, ctx: BuildContext) -> None:
                 name = f"{prefix}.{attr}" if prefix else attr
                 fmt = ctx.weight_format(name, shape)
                 if fmt is not None:
-                    module.set_weight_format(attr, fmt)
+                    module.set_weight_format(attr, module.kernel_format(attr, fmt))
+            module.formats_applied()

@@ -12,11 +12,17 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float32
-from mobius_lite.components.context import BuildContext, WeightedModule
+from mobius_lite.components.context import (
+    Activations,
+    BuildContext,
+    WeightedModule,
+    fused_kernels,
+)
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
+from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
 from mobius_lite.configs.layers import MoESpec
-from mobius_lite.formats.weight import DenseWeight
+from mobius_lite.formats.weight import DenseWeight, WeightFormat
 
 INT64 = ir.DataType.INT64
 # Up to this many (row, expert) pairs the experts run as one gathered batched matmul.
@@ -87,6 +93,75 @@ class Experts(WeightedModule):
         self.weight_slot("up_proj", (e, inner, input_size))
         self.weight_slot("down_proj", (e, input_size, inner))
 
+    # ------------------------------------------------------------------ fused kernels
+    def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
+        """Under a fused activation mode, a packed slot as a QMoE operand where it fits
+        exactly (formats/ggml/qmoe.py); otherwise `fmt`, said once."""
+        move = getattr(fmt, "on_fused_experts", None)
+        if not fused_kernels(self.ctx) or move is None:
+            return fmt
+        moved = move("fc1" if attr == "up_proj" else "fc2", self._int8)
+        if isinstance(moved, str):
+            self.ctx.notice(f"{self._mode}: {moved}; kept on the exact experts route")
+            return fmt
+        return moved
+
+    def formats_applied(self) -> None:
+        """QMoE takes both projections or neither (and one block size): else back to the
+        slots' exact formats, said once."""
+        formats = [self.weight_format_of(a) for a in ("up_proj", "down_proj")]
+        fused = [hasattr(f, "operands") for f in formats]
+        if not any(fused):
+            return
+        up, down = formats
+        if all(fused) and up.block_size == down.block_size:
+            cost = _experts_cost(up, down)
+            self.ctx.notice(
+                f"{self._mode}: experts ({up.type.name} / {down.type.name}) on QMoE, fc1 "
+                f"stores every up row twice (the SwiGLU form of ReLU^2): {cost:.2f}x the "
+                "GGUF experts' bytes"
+            )
+            return
+        for attr, fmt in zip(("up_proj", "down_proj"), formats, strict=True):
+            if hasattr(fmt, "exact"):
+                self.set_weight_format(attr, fmt.exact)
+        names = " / ".join(getattr(getattr(f, "type", None), "name", f.name) for f in formats)
+        self.ctx.notice(
+            f"{self._mode}: experts {names} do not both fit one QMoE layout; kept on the exact "
+            "experts route"
+        )
+
+    @property
+    def _int8(self) -> bool:
+        return self.ctx.activations is Activations.INT8
+
+    @property
+    def _mode(self) -> str:
+        return f"--activations {self.ctx.activations.value}"
+
+    def _fused_route(self) -> str | None:
+        """ "qmoe", "moe" (dense f32 experts) or None (the Scan / Gather paths)."""
+        formats = [self.weight_format_of(a) for a in ("up_proj", "down_proj")]
+        if all(hasattr(f, "operands") for f in formats):
+            return "qmoe"
+        if fused_kernels(self.ctx) and self._scannable() and self.ctx.dtype == FLOAT:
+            self.ctx.notice(
+                f"{self._mode}: dense experts on the fused MoE kernel; its SwiGLU form of "
+                "ReLU^2 doubles every up row at session creation: 1.5x the experts' bytes"
+            )
+            return "moe"
+        return None
+
+    def _fused(self, op: OpBuilder, route: str, x: ir.Value, indices, weights) -> ir.Value:
+        if route == "moe":
+            up, down = (self.slot_values(a)[""] for a in ("up_proj", "down_proj"))
+            return dense_fused_experts(op, self.spec, x, indices, weights, up, down)
+        slots = tuple(
+            (self.weight_format_of(a), self.slot_values(a)) for a in ("up_proj", "down_proj")
+        )
+        accuracy = 4 if self._int8 else 0
+        return quantized_fused_experts(op, self.spec, x, indices, weights, *slots, accuracy)
+
     def _expert_bytes(self) -> int:
         """Bytes of one expert's up and down weights in the activation precision."""
         return int(2 * self.spec.moe_intermediate_size * self.input_size * self.ctx.dtype.itemsize)
@@ -108,6 +183,9 @@ class Experts(WeightedModule):
           iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
           to the body without a copy; an If skips the unselected ones.
         """
+        route = self._fused_route()
+        if route is not None:
+            return self._fused(op, route, x, indices, weights)
         flat_expert = op.Reshape(indices, op.Constant(value_ints=[-1]))
         flat_weight = op.Reshape(weights, op.Constant(value_ints=[-1]))
         pairs = op.Size(flat_expert)
@@ -339,6 +417,13 @@ class Experts(WeightedModule):
             then_branch=graph(gemm_form, "expert_one_row"),
             else_branch=graph(matmul_form, "expert_rows"),
         )
+
+
+def _experts_cost(up: WeightFormat, down: WeightFormat) -> float:
+    """QMoE experts' package bytes over the GGUF experts' (fc1 rows twice)."""
+    from mobius_lite.formats.ggml.qmoe import experts_byte_cost
+
+    return experts_byte_cost(up.type.name, down.type.name)  # type: ignore[attr-defined]
 
 
 class MoE(nn.Module):

@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import (
+    Activations,
     Backend,
     BuildContext,
     WeightFormatResolver,
@@ -43,6 +44,7 @@ def build_decoder(
     weight_formats: Mapping[str, WeightFormat] | WeightFormatResolver | None = None,
     backend: Backend = Backend.STANDARD,
     mamba_a: str = "A_log",
+    activations: Activations = Activations.EXACT,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
@@ -53,11 +55,12 @@ def build_decoder(
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
     source). weight_formats maps (or resolves) checkpoint weight names to their storage format
     (dense in `precision` when absent); mamba_a says whether the source stores Mamba's A_log
-    (transformers) or A itself (GGUF).
+    (transformers) or A itself (GGUF). activations: the CPU kernel mode (components.context.
+    Activations; EXACT keeps today's routes).
     """
     precision = Precision.parse(precision)
     dtype = precision.ir_dtype
-    ctx = BuildContext(dtype, weight_formats or {}, backend, mamba_a)
+    ctx = BuildContext(dtype, weight_formats or {}, backend, mamba_a, Activations(activations))
     module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
     apply_weight_formats(module, ctx)
 

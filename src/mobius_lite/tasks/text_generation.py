@@ -43,6 +43,7 @@ def text_generation_graphs(
         weight_formats=options.weight_formats(source, layout.names),
         backend=options.backend,
         mamba_a=layout.mamba_a,
+        activations=options.activations,
     )
     plan = plan_bindings(
         graph_parameters(decoder),
