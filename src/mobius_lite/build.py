@@ -90,9 +90,9 @@ def build(
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
     fields a GGUF file does not carry. `activations` ("exact", "exact-fused", "int8";
     components.context.Activations) moves packed matmuls and experts onto onnxruntime's
-    fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer and tensor headers is
-    read here; tensor data is streamed by ModelPackage.save. The resolved commit is
-    recorded in metadata["source"].
+    fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer
+    and tensor headers is read here; tensor data is streamed by ModelPackage.save. The
+    resolved commit is recorded in metadata["source"].
     """
     if task is not None:
         check_task(task)

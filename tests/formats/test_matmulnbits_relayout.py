@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from gguf_fixtures import random_blocks
 
+from gguf_fixtures import random_blocks
 from mobius_lite.formats.ggml.nbits_layout import (
     NBitsLayout,
     layout_cost,
