@@ -140,18 +140,20 @@ def build_from_module(
     ep: str = "cpu",
     *,
     weights_backend: Backend | str = Backend.STANDARD,
+    activations: Activations | str = Activations.EXACT,
 ) -> ModelPackage:
     """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its state dict
-    is the source. `weights_backend` as in build."""
+    is the source. `weights_backend` and `activations` as in build."""
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
+    mode = check_activations(activations, backend, precision, provider)
     raw = config if config is not None else module.config
     if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
     source = MemorySource(module.state_dict())
     text_config, graphs, shared, config_json = package_graphs(
-        raw, source, SAFETENSORS, ExportOptions(precision, backend)
+        raw, source, SAFETENSORS, ExportOptions(precision, backend, activations=mode)
     )
     return ModelPackage(
         config=text_config,

@@ -18,11 +18,16 @@ def run_emitter(
     *,
     as_initializers: bool = False,
     opset_imports: dict[str, int] | None = None,
+    constant_from: int | None = None,
 ) -> list[np.ndarray]:
     """emit(op, *values) builds nodes over one value per array; returns its outputs computed.
 
-    The arrays enter as graph inputs, or as initializers (as packed weights do in a package).
+    The arrays enter as graph inputs, or as initializers (as packed weights do in a package);
+    with `constant_from`, the arrays from that index on are initializers and the others inputs
+    (kernels that prepack constant weights take their fast path only then).
     """
+    if as_initializers:
+        constant_from = 0
     values = [
         ir.Value(
             name=f"in{i}",
@@ -31,17 +36,17 @@ def run_emitter(
         )
         for i, a in enumerate(inputs)
     ]
+    first = len(values) if constant_from is None else constant_from
     graph = ir.Graph(
-        inputs=[] if as_initializers else values,
+        inputs=values[:first],
         outputs=[],
         nodes=[],
         opset_imports={"": OPSET, **(opset_imports or {})},
         name="emit_test",
     )
-    if as_initializers:
-        for value, array in zip(values, inputs, strict=True):
-            value.const_value = ir.tensor(array, name=value.name)
-            graph.register_initializer(value)
+    for value, array in list(zip(values, inputs, strict=True))[first:]:
+        value.const_value = ir.tensor(array, name=value.name)
+        graph.register_initializer(value)
     builder = GraphBuilder(graph)
     op: OpBuilder = builder.op
     result = emit(op, *values)
@@ -52,5 +57,5 @@ def run_emitter(
     model = ir.Model(graph, ir_version=11, producer_name="emit_test")
     proto = ir.serde.serialize_model(model)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {} if as_initializers else {f"in{i}": a for i, a in enumerate(inputs)}
+    feeds = {f"in{i}": a for i, a in enumerate(inputs[:first])}
     return session.run(None, feeds)
