@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
@@ -44,6 +45,7 @@ from mobius_lite.runtime import DecoderSession
 from nemotron_reference import make_reference
 
 QTYPE = GGMLQuantizationType
+F32 = ir.DataType.FLOAT
 CONTRIB = {"com.microsoft": 1}
 # llama.cpp's vec_dot_type on CPU: the format its activations are quantized to per weight type
 LLAMACPP_ACTIVATION_QUANT = {
@@ -170,8 +172,8 @@ def _qmoe(type_up: str, type_down: str, accuracy: int, seed: int):
         ("up", type_up, FC1_KIND, up_rows, (e, i, WIDTH)),
         ("down", type_down, FC2_KIND, down_rows, (e, WIDTH, i)),
     ):
-        exact = GGMLWeight.choose(GGML_TYPES[t], _F32, "ort", shape)
-        fmt[attr] = QMoEExperts(GGML_TYPES[t], _F32, shape, kind, exact)
+        exact = GGMLWeight.choose(GGML_TYPES[t], F32, "ort", shape)
+        fmt[attr] = QMoEExperts(GGML_TYPES[t], F32, shape, kind, exact)
         layout = to_nbits_layout(t, data, repeat=2 if kind == FC1_KIND else 1)
         for part, array in layout.arrays().items():
             if part == "b":
@@ -198,9 +200,6 @@ def _qmoe(type_up: str, type_down: str, accuracy: int, seed: int):
     up = values_of(type_up, up_rows, (e, i, WIDTH))
     down = values_of(type_down, down_rows, (e, WIDTH, i))
     return y, x, indices, weights, up, down
-
-
-_F32 = __import__("onnx_ir").DataType.FLOAT
 
 
 def test_qmoe_4bit_accuracy0_swiglu_form_is_relu2() -> None:
