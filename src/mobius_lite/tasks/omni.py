@@ -104,6 +104,7 @@ def omni_graphs(
         logits_from_embeddings=tied,
         weight_formats=formats,
         backend=backend,
+        activations=options.activations,
     )
     media = {IMAGE_FEATURES: config.image_token_id}
     if config.has_audio:
