@@ -132,6 +132,8 @@ def emit_qmoe(
         accuracy_level=accuracy_level,
         normalize_routing_weights=0,
         use_sparse_mixer=0,
+        weights_prepacked=0,  # the raw [E, N, K * bits / 8] layout (the default -1 means an
+        # execution provider's own prepacked layout)
         **activation,
         **contrib_op(op),
     )
