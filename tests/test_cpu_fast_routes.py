@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -338,9 +339,24 @@ def test_int8_route_tokens_agree_or_the_margin_explains_it(packages: dict[str, A
             break  # later steps continue from different tokens
 
 
-def test_int8_package_verifies_against_its_gguf(packages: dict[str, Any]) -> None:
-    code = main(["verify", str(packages["int8"]), "--source", str(packages["gguf"])])
-    assert code == 0
+def test_int8_package_verifies_against_its_gguf(packages: dict[str, Any], tmp_path: Path) -> None:
+    """verify recomputes every re-laid part from the GGUF (decoded by the kernels' definition
+    against gguf-py); a flipped byte in one QMoE fc1 code part is a mismatch."""
+    assert main(["verify", str(packages["int8"]), "--source", str(packages["gguf"])]) == 0
+    package = tmp_path / "int8"
+    shutil.copytree(packages["int8"], package)
+    manifest = json.loads((package / "manifest.json").read_text())
+    name, entry = next(
+        (n, e)
+        for n, e in manifest["graphs"]["decoder"]["initializers"].items()
+        if n.endswith(part_suffix(FC1_KIND, "b"))
+    )
+    with open(package / entry["file"], "r+b") as handle:
+        handle.seek(entry["offset"] + 5)
+        value = handle.read(1)[0]
+        handle.seek(entry["offset"] + 5)
+        handle.write(bytes([value ^ 0x10]))
+    assert main(["verify", str(package), "--source", str(packages["gguf"]), "--quiet"]) == 1
 
 
 def test_build_says_which_weights_stay_exact(tmp_path: Path, caplog) -> None:
