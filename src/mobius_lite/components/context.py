@@ -133,7 +133,13 @@ def matmul_kernel_format(ctx: BuildContext, fmt: WeightFormat) -> WeightFormat:
     """A linear layer's format under the activation mode: MatMulNBits over the exact code
     layout (accuracy 0, or 4 for int8) where the format has one; else `fmt`, said once."""
     move = getattr(fmt, "on_exact_layout", None)
-    if not fused_kernels(ctx) or move is None:
+    if not fused_kernels(ctx) or isinstance(fmt, DenseWeight):
+        return fmt
+    if move is None:
+        ctx.notice(
+            f"--activations {ctx.activations.value}: {fmt.name} weights have no exact "
+            "MatMulNBits layout; kept on their route"
+        )
         return fmt
     moved = move(4 if ctx.activations is Activations.INT8 else 0)
     if isinstance(moved, str):

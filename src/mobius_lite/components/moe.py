@@ -98,7 +98,10 @@ class Experts(WeightedModule):
         """Under a fused activation mode, a packed slot as a QMoE operand where it fits
         exactly (formats/ggml/qmoe.py); otherwise `fmt`, said once."""
         move = getattr(fmt, "on_fused_experts", None)
-        if not fused_kernels(self.ctx) or move is None:
+        if not fused_kernels(self.ctx) or isinstance(fmt, DenseWeight):
+            return fmt
+        if move is None:
+            self.ctx.notice(f"{self._mode}: {fmt.name} experts have no QMoE layout; kept exact")
             return fmt
         moved = move("fc1" if attr == "up_proj" else "fc2", self._int8)
         if isinstance(moved, str):
