@@ -400,3 +400,19 @@ def test_dense_experts_on_the_moe_kernel_match_transformers(tmp_path: Path) -> N
         reference = model(torch.tensor([prompt])).logits[0].numpy()
     result = compare("logits", ours, reference)
     assert result.passes(FP32_NRMSE, FP32_COSINE), result
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--dtype", "f16"], "--activations exact-fused needs --dtype f32"),
+        (["--ep", "cuda"], "--activations exact-fused needs --ep cpu"),
+    ],
+)
+def test_fused_modes_refuse_other_routes_before_reading(tmp_path: Path, capsys, flags, said):
+    out = tmp_path / "p"
+    model = str(tmp_path / "absent.gguf")  # refused before the file would be opened
+    args = ["build", "--model", model, "--output", str(out), "--backend", "ort", *flags]
+    assert main([*args, "--activations", "exact-fused"]) == 2
+    assert said in capsys.readouterr().err
+    assert not out.exists()

@@ -133,3 +133,27 @@ def test_matmulnbits_accuracy0_matches_float64(type_name: str) -> None:
     expected = x.astype(np.float64) @ w.T
     scale = np.abs(x.astype(np.float64)) @ np.abs(w).T
     assert np.all(np.abs(y - expected) <= REL_TOL * scale)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_matmulnbits_with_bias_matches_float64(type_name: str) -> None:
+    """A bias rides on MatMulNBits, or (with Q4_K's min term) on the correction Gemm."""
+    n, k, m = 16, 256, 2
+    rows = ggml_rows(type_name, n, k, seed=5, finite_scales=True)
+    layout = to_nbits_layout(type_name, rows)
+    w = gguf_values(type_name, rows, n).astype(np.float64)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    names = list(layout.arrays())
+
+    def emit(op, x_value, bias_value, *parts):
+        params = dict(zip(names, parts, strict=True))
+        return emit_exact_nbits_matmul(
+            op, x_value, params, k, n, layout.bits, layout.block_size, bias=bias_value
+        )
+
+    (y,) = run_emitter(emit, [x, bias, *layout.arrays().values()], opset_imports=CONTRIB)
+    expected = x.astype(np.float64) @ w.T + bias
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w).T + np.abs(bias)
+    assert np.all(np.abs(y - expected) <= REL_TOL * scale)
