@@ -373,6 +373,21 @@ def test_build_says_which_weights_stay_exact(tmp_path: Path, caplog) -> None:
     assert len(lines) == len(set(lines))  # each said once
 
 
+def test_experts_of_two_widths_stay_exact(tmp_path: Path, caplog) -> None:
+    """onnxruntime's CPU QMoE has one bit width for fc1 and fc2: Q8_0 up with Q4_0 down keeps
+    the layer's experts on the exact route (said), and the package runs."""
+    types = {r"ffn_up_exps\.": "Q8_0", r"ffn_down_exps\.": "Q4_0", **TYPES}  # first match wins
+    files = write_gguf(tmp_path / "m.gguf", make_reference(MOE_MODEL), "nemotron_h_moe", types)
+    out = tmp_path / "p"
+    with caplog.at_level(logging.WARNING, logger="mobius_lite.routes"):
+        flags = ["--backend", "ort", "--activations", "int8", "--quiet"]
+        assert main(["build", "--model", str(files[0]), "--output", str(out), *flags]) == 0
+    assert any("do not both fit one QMoE layout" in r.getMessage() for r in caplog.records)
+    assert "QMoE" not in _ops(out)
+    tokens, _ = _greedy(out, PROMPTS[1])
+    assert len(tokens) == GREEDY_STEPS
+
+
 def test_fused_modes_need_the_ort_backend(tmp_path: Path, capsys) -> None:
     files = write_gguf(tmp_path / "m.gguf", make_reference(MOE_MODEL), "nemotron_h_moe", TYPES)
     out = tmp_path / "p"

@@ -110,14 +110,15 @@ class Experts(WeightedModule):
         return moved
 
     def formats_applied(self) -> None:
-        """QMoE takes both projections or neither (and one block size): else back to the
-        slots' exact formats, said once."""
+        """QMoE takes both projections or neither, with one bit width and one block size
+        (onnxruntime 1.32's CPU kernel: "Mixed-width QMoE execution is not yet implemented
+        on CPU"): else back to the slots' exact formats, said once."""
         formats = [self.weight_format_of(a) for a in ("up_proj", "down_proj")]
         fused = [hasattr(f, "operands") for f in formats]
         if not any(fused):
             return
         up, down = formats
-        if all(fused) and up.block_size == down.block_size:
+        if all(fused) and (up.bits, up.block_size) == (down.bits, down.block_size):
             cost = _experts_cost(up, down)
             self.ctx.notice(
                 f"{self._mode}: experts ({up.type.name} / {down.type.name}) on QMoE, fc1 "

@@ -22,11 +22,7 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.formats.contrib import contrib_op, typed
 from mobius_lite.formats.ggml.exact_codes import code_form
-from mobius_lite.formats.ggml.nbits_layout import (
-    layout_bytes_per_element,
-    layout_cost,
-    layout_parts,
-)
+from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element, layout_parts
 from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.ggml.weight import GGMLWeight, exact_layout_parameters
@@ -81,11 +77,6 @@ class QMoEExperts:
         form = code_form(self.type.name)
         assert form is not None
         return form.block_size
-
-    @property
-    def byte_cost(self) -> float:
-        """This slot's package bytes over the GGUF tensor's."""
-        return layout_cost(self.type.name, repeat=2 if self.kind == FC1_KIND else 1)
 
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return exact_layout_parameters(self.type.name, self.kind, shape)
