@@ -431,3 +431,18 @@ def test_fused_modes_refuse_other_routes_before_reading(tmp_path: Path, capsys, 
     assert main([*args, "--activations", "exact-fused"]) == 2
     assert said in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_onnxruntime_genai_runs_the_fused_packages(packages: dict[str, Any]) -> None:
+    """onnxruntime-genai runs QMoE / MatMulNBits packages: its greedy tokens are
+    DecoderSession's."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    import importlib.util
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "generate_with_genai.py"
+    spec = importlib.util.spec_from_file_location("generate_with_genai", example)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for mode in ("exact-fused", "int8"):
+        tokens, _ = _greedy(packages[mode], PROMPTS[0])
+        assert module.generate(packages[mode], PROMPTS[0], GREEDY_STEPS) == tokens
