@@ -119,7 +119,7 @@ class Experts(WeightedModule):
             return
         up, down = formats
         if all(fused) and (up.bits, up.block_size) == (down.bits, down.block_size):
-            cost = _experts_cost(up, down)
+            cost = up.layer_byte_cost(down)
             self.ctx.notice(
                 f"{self._mode}: experts ({up.type.name} / {down.type.name}) on QMoE, fc1 "
                 f"stores every up row twice (the SwiGLU form of ReLU^2): {cost:.2f}x the "
@@ -129,10 +129,10 @@ class Experts(WeightedModule):
         for attr, fmt in zip(("up_proj", "down_proj"), formats, strict=True):
             if hasattr(fmt, "exact"):
                 self.set_weight_format(attr, fmt.exact)
-        names = " / ".join(getattr(getattr(f, "type", None), "name", f.name) for f in formats)
+        names = " / ".join(f.name for f in formats)
         self.ctx.notice(
-            f"{self._mode}: experts {names} do not both fit one QMoE layout; kept on the exact "
-            "experts route"
+            f"{self._mode}: experts {names} do not both fit one QMoE layout (one bit width and "
+            "block size); kept on the exact experts route"
         )
 
     @property
@@ -421,13 +421,6 @@ class Experts(WeightedModule):
             then_branch=graph(gemm_form, "expert_one_row"),
             else_branch=graph(matmul_form, "expert_rows"),
         )
-
-
-def _experts_cost(up: WeightFormat, down: WeightFormat) -> float:
-    """QMoE experts' package bytes over the GGUF experts' (fc1 rows twice)."""
-    from mobius_lite.formats.ggml.qmoe import experts_byte_cost
-
-    return experts_byte_cost(up.type.name, down.type.name)  # type: ignore[attr-defined]
 
 
 class MoE(nn.Module):

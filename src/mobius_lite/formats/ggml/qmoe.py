@@ -78,6 +78,10 @@ class QMoEExperts:
         assert form is not None
         return form.block_size
 
+    def layer_byte_cost(self, down: QMoEExperts) -> float:
+        """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes."""
+        return experts_byte_cost(self.type.name, down.type.name)
+
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return exact_layout_parameters(self.type.name, self.kind, shape)
 
