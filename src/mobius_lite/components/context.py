@@ -39,7 +39,7 @@ class Activations(str, enum.Enum):
     accuracy 0) kernels in their SwiGLU form of ReLU^2. INT8 puts every packed matmul on
     MatMulNBits at accuracy 4 and every packed MoE on QMoE: the kernels quantize the
     activations to int8 per block, as llama.cpp does for these types (not exact; gated by
-    evaluation.metrics.INT8_ACTIVATION_GATES).
+    evaluation.metrics.int8_activation_gate).
     """
 
     EXACT = "exact"
