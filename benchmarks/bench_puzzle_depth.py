@@ -111,12 +111,13 @@ def count_nodes(graph: ir.Graph, ops: Counter, inner_ops: Counter, nested: bool 
 
 
 def graph_figures(raw: dict[str, Any]) -> dict[str, Any]:
+    from mobius_lite.components.context import BuildContext
     from mobius_lite.configs.loader import load_text_config
     from mobius_lite.graphs.decoder import build_decoder
 
     start = time.perf_counter()
     config = load_text_config(raw)
-    model, _ = build_decoder(config, "bf16")
+    model, _ = build_decoder(config, BuildContext.dense("bf16"))
     seconds = time.perf_counter() - start
     ops: Counter = Counter()
     inner: Counter = Counter()
@@ -155,7 +156,7 @@ def write_synthetic_checkpoint(raw: dict[str, Any], directory: Path, seed: int =
     from mobius_lite.weights.binding import graph_parameters
 
     rng = np.random.default_rng(seed)
-    model, _ = build_decoder(load_text_config(raw), "f32")
+    model, _ = build_decoder(load_text_config(raw))
     groups: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, (shape, _) in graph_parameters(model).items():
         layer = re.match(r"backbone\.layers\.(\d+)\.", name)

@@ -66,12 +66,11 @@ EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)$")
 def checkpoint_tensors(config_dict: dict) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every tensor, in the released layout (one tensor per expert)."""
     from mobius_lite.configs.loader import load_text_config
-    from mobius_lite.enums import Precision
     from mobius_lite.graphs.decoder import build_decoder
     from mobius_lite.weights.binding import graph_parameters
 
     config = load_text_config(config_dict)
-    decoder, _ = build_decoder(config, Precision.F32)
+    decoder, _ = build_decoder(config)
     out = []
     for name, (shape, _) in graph_parameters(decoder).items():
         match = EXPERT.match(name)

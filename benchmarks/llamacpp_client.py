@@ -1,19 +1,31 @@
-"""llama.cpp as a real client of the same GGUF file (issue 10; not part of the CI suite).
+"""llama.cpp as a real client of the same GGUF file (issues 10, 20; not part of the CI suite).
 
-Writes a small random nemotron_h_moe model as an F32 GGUF (tests/gguf_fixtures.py, the
-converter's layout, with a BPE vocabulary), quantizes it with llama.cpp's own quantizer
-(llama_model_quantize: Q8_0 and the Q4_K_M preset, fallbacks included), exports each file with
-`mobius build` (standard and ort weight backends) and runs the same prompt through llama.cpp
-(llama_cpp.Llama, logits_all) and through the package (onnxruntime CPU): greedy tokens for
-`--steps` steps, each fed its own previous token, and the cosine of the last-token logits.
-Gates (fixed): equal greedy tokens at F32; last-token cosine >= 0.999 at Q8_0 and Q4_K_M
-(llama.cpp quantizes activations for its quantized dot products).
+Writes small random nemotron_h_moe models as GGUF files the way llama.cpp's converter does
+(tests/gguf_fixtures.py and tests/gguf_nvfp4_fixtures.py, with a BPE vocabulary):
+- F32, quantized by llama.cpp's own quantizer (llama_model_quantize) to Q8_0, the Q4_K_M
+  preset, MXFP4_MOE (stacked experts MXFP4, the rest Q8_0), TQ1_0, TQ2_0 and Q1_0 (each where
+  the installed binding has the file type; fallbacks included);
+- the converter's files from ModelOpt NVFP4 and MIXED_PRECISION checkpoints (NVFP4 with
+  `.scale` / `.input_scale`, FP8 dequantized to F32);
+- the mixed file (IQ2_XXS experts, Q8_0 Mamba / attention, NVFP4 shared experts, latent
+  projections and output, F16 embeddings), its latent projections without `.scale`, which
+  llama.cpp's loader refuses;
+- a Puzzle file (per-layer expert widths and top-k).
+Each file is exported with `mobius build` (standard and ort weight backends) and the same
+prompt runs through llama.cpp (llama_cpp.Llama, logits_all) and through the package
+(onnxruntime CPU): greedy tokens for `--steps` steps, each fed its own previous token, and the
+cosine of the last-token logits, per file. Gates (fixed): equal greedy tokens for F32 files;
+last-token cosine >= 0.999 for the others (llama.cpp quantizes activations for its quantized
+dot products). A file llama.cpp cannot load is reported with its error, not gated.
 
-Needs the `llamacpp` extra (pip install llama-cpp-python, which compiles llama.cpp).
+Needs the `llamacpp` extra (pip install llama-cpp-python, which compiles llama.cpp);
+`--no-llamacpp` runs everything else (the converter-layout files and the packages' own
+tokens), without it.
 
 Usage:
     python benchmarks/llamacpp_client.py --workdir /tmp/llamacpp_client --threads 2 \
         --json docs/llamacpp_client.json
+    python benchmarks/llamacpp_client.py --no-llamacpp --steps 4
 """
 
 from __future__ import annotations
@@ -45,38 +57,83 @@ MODEL = {
     "moe_latent_size": None,
 }
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "state space models, 1234!"] * 8
+SPECIAL = {"pad": 0, "bos": 1, "eos": 2}
+# The same sizes as ModelOpt fixture overrides (its own six-layer pattern) and for the mix.
+WIDTHS = {k: MODEL[k] for k in ("vocab_size", "hidden_size", "mamba_num_heads", "mamba_head_dim")}
+MODELOPT = {
+    **WIDTHS,
+    "head_dim": 64,
+    "moe_intermediate_size": 256,
+    "moe_shared_expert_intermediate_size": 256,
+}
+MIXED = {**MODEL, "moe_latent_size": 256, "moe_shared_expert_intermediate_size": 64}
+# llama-quantize file types (llama_cpp constant names) applied to the F32 file.
+QUANTIZED = {
+    "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "MXFP4_MOE": "LLAMA_FTYPE_MOSTLY_MXFP4_MOE",
+    "TQ1_0": "LLAMA_FTYPE_MOSTLY_TQ1_0",
+    "TQ2_0": "LLAMA_FTYPE_MOSTLY_TQ2_0",
+    "Q1_0": "LLAMA_FTYPE_MOSTLY_Q1_0",
+}
+F32_FILES = ("F32", "puzzle")  # gated on equal greedy tokens
 
 
-def write_files(workdir: Path) -> dict[str, Path]:
-    """The F32 GGUF (fixtures) and llama.cpp's own Q8_0 / Q4_K_M quantizations of it."""
+def write_fixture_files(workdir: Path) -> dict[str, Path]:
+    """The files written in the converter's layout (no llama.cpp needed): F32, the ModelOpt
+    NVFP4 / MIXED_PRECISION conversions, the mixed file and a Puzzle file."""
+    import modelopt_fixtures as mf
+    from gguf_fixtures import (
+        PUZZLE_GGUF_BLOCKS,
+        PUZZLE_GGUF_GLOBALS,
+        build_bpe_tokenizer,
+        write_gguf,
+    )
+    from gguf_nvfp4_fixtures import write_mixed_gguf, write_modelopt_gguf
+    from nemotron_reference import make_reference
+    from puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
+
+    tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=400)
+    vocab = {"tokenizer": tokenizer, "special_tokens": SPECIAL}
+    model = make_reference(MODEL, seed=1)
+    files = {"F32": write_gguf(workdir / "model-F32.gguf", model, "nemotron_h_moe", {}, **vocab)}
+    for variant, name in (("nvfp4", "NVFP4-modelopt"), ("mixed", "MIXED_PRECISION-modelopt")):
+        checkpoint = workdir / f"{variant}-checkpoint"
+        mf.write_checkpoint(variant, checkpoint, seed=1, overrides=MODELOPT)
+        files[name], _ = write_modelopt_gguf(
+            checkpoint, workdir / f"model-{name}.gguf", workdir / variant, **vocab
+        )
+    mixed = make_reference(MIXED, seed=1)
+    files["mixed"] = write_mixed_gguf(
+        workdir / "model-mixed.gguf", mixed, latent_scales=False, **vocab
+    )
+    raw = puzzle_raw_config(PUZZLE_GGUF_BLOCKS, **PUZZLE_GGUF_GLOBALS, vocab_size=512)
+    _, puzzle = write_puzzle_checkpoint(raw, workdir / "puzzle-checkpoint", seed=1)
+    files["puzzle"] = write_gguf(
+        workdir / "model-puzzle.gguf", puzzle, "nemotron_h_moe", {}, puzzle=True, **vocab
+    )
+    return {name: paths[0] for name, paths in files.items()}
+
+
+def quantize_files(f32: Path, workdir: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """llama.cpp's own quantizations of the F32 file, and the types it could not write."""
     import llama_cpp
 
-    from gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from nemotron_reference import make_reference
-
-    model = make_reference(MODEL, seed=1)
-    tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=400)
-    f32 = write_gguf(
-        workdir / "model-F32.gguf",
-        model,
-        "nemotron_h_moe",
-        {},
-        tokenizer=tokenizer,
-        special_tokens={"pad": 0, "bos": 1, "eos": 2},
-    )[0]
-    files = {"F32": f32}
-    for name, ftype in (
-        ("Q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0),
-        ("Q4_K_M", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M),
-    ):
+    files, skipped = {}, {}
+    for name, constant in QUANTIZED.items():
+        ftype = getattr(llama_cpp, constant, None)
+        if ftype is None:
+            skipped[name] = f"llama_cpp has no {constant}"
+            continue
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = ftype
         params.nthread = 2
         out = workdir / f"model-{name}.gguf"
         if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
-            raise RuntimeError(f"llama.cpp could not quantize {f32} to {name}")
+            skipped[name] = f"llama.cpp could not quantize {f32.name} to {name}"
+            continue
         files[name] = out
-    return files
+    return files, skipped
 
 
 def type_mix(path: Path) -> dict[str, int]:
@@ -107,13 +164,13 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
 def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from mobius_lite.configs import NemotronHConfig
+    from mobius_lite.configs.loader import load_config_file
     from mobius_lite.runtime import DecoderSession
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
+        package / "model.onnx", load_config_file(package), session_options=options
     )
     out = session.step(np.array([prompt], dtype=np.int64))
     logits = [out["logits"][0, -1].astype(np.float32)]
@@ -130,43 +187,80 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))
 
 
+def compare_file(
+    name: str, path: Path, args: argparse.Namespace, prompt: list[int]
+) -> tuple[dict[str, Any], bool]:
+    """One file: its packages' tokens on both backends, against llama.cpp's unless told not to.
+    Returns (report, passed)."""
+    import mobius_lite
+
+    entry: dict[str, Any] = {"types": type_mix(path), "routes": {}}
+    reference = None
+    if not args.no_llamacpp:
+        try:
+            reference = run_llamacpp(path, prompt, args.steps, args.threads)
+        except Exception as err:  # noqa: BLE001  (llama.cpp's refusal is the finding)
+            entry["llamacpp_error"] = f"{type(err).__name__}: {err}"
+    ok = True
+    for backend in ("standard", "ort"):
+        package = args.workdir / f"{name}-{backend}"
+        mobius_lite.build(path, dtype="f32", weights_backend=backend).save(package, quiet=True)
+        ours = run_package(package, prompt, args.steps, args.threads)
+        finite = all(bool(np.isfinite(step).all()) for step in ours["logits"])
+        route: dict[str, Any] = {"tokens": ours["tokens"], "finite": finite}
+        passed = finite
+        if reference is not None:
+            cosines = [
+                cosine(a, b) for a, b in zip(ours["logits"], reference["logits"], strict=True)
+            ]
+            same = ours["tokens"] == reference["tokens"]
+            passed &= same if name in F32_FILES else cosines[0] >= COSINE_GATE
+            route.update(
+                same_greedy_tokens=same,
+                prefill_last_token_cosine=cosines[0],
+                min_step_cosine=min(cosines),
+            )
+        route["passed"] = passed
+        ok &= passed
+        entry["routes"][backend] = route
+    if reference is not None:
+        entry["llamacpp_tokens"] = reference["tokens"]
+    return entry, ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/llamacpp_client"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="only the converter-layout files and the packages (no llama-cpp-python needed)",
+    )
     args = parser.parse_args()
-
-    import mobius_lite
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    files = write_files(args.workdir)
+    files = write_fixture_files(args.workdir)
+    skipped: dict[str, str] = {}
+    if not args.no_llamacpp:
+        quantized, skipped = quantize_files(files["F32"], args.workdir)
+        files.update(quantized)
     prompt = [int(t) for t in np.random.default_rng(0).integers(3, 400, size=12)]
-    results: dict[str, Any] = {"prompt": prompt, "steps": args.steps, "files": {}}
+    results: dict[str, Any] = {
+        "prompt": prompt,
+        "steps": args.steps,
+        "llamacpp": not args.no_llamacpp,
+        "not_written": skipped,
+        "files": {},
+    }
     ok = True
     for name, path in files.items():
-        reference = run_llamacpp(path, prompt, args.steps, args.threads)
-        entry: dict[str, Any] = {"types": type_mix(path), "routes": {}}
-        for backend in ("standard", "ort"):
-            package = args.workdir / f"{name}-{backend}"
-            mobius_lite.build(path, dtype="f32", weights_backend=backend).save(package)
-            ours = run_package(package, prompt, args.steps, args.threads)
-            pairs = zip(ours["logits"], reference["logits"], strict=True)
-            cosines = [cosine(a, b) for a, b in pairs]
-            same = ours["tokens"] == reference["tokens"]
-            passed = same if name == "F32" else cosines[0] >= COSINE_GATE
-            ok &= passed
-            entry["routes"][backend] = {
-                "same_greedy_tokens": same,
-                "prefill_last_token_cosine": cosines[0],
-                "min_step_cosine": min(cosines),
-                "tokens": ours["tokens"],
-                "passed": passed,
-            }
-        entry["llamacpp_tokens"] = reference["tokens"]
+        entry, passed = compare_file(name, path, args, prompt)
         results["files"][name] = entry
+        ok &= passed
     results["passed"] = ok
     text = json.dumps(results, indent=2)
     print(text)

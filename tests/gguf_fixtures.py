@@ -64,7 +64,14 @@ FP16_FIELDS = {
     "IQ1_S": (0,),
     "IQ4_NL": (0,),
     "IQ4_XS": (0,),
+    "TQ1_0": (52,),
+    "TQ2_0": (64,),
+    "Q1_0": (0,),
+    "NVFP4": (),  # UE4M3 scale bytes: every byte is a finite value
+    "MXFP4": (),  # its E8M0 byte is set apart (random_blocks)
 }
+# E8M0 exponents of random MXFP4 blocks: scales 2^-10 .. 2^-4, like small weights.
+MXFP4_EXPONENTS = (118, 125)
 
 FORCED_F32 = re.compile(r"(_norm\.weight|ssm_conv1d\.weight|ssm_a|ssm_d|ffn_gate_inp\.weight)$")
 
@@ -100,6 +107,26 @@ PRESET_GGUF_PY: dict[str, str] = {
 }
 
 
+# What a Puzzle GGUF can say per layer: MoE width and top-k, attention head counts, a pruned
+# shared expert; the expert count (8), shared width and latent size are global.
+PUZZLE_GGUF_BLOCKS: list[dict[str, Any]] = [
+    {"block_type": "mamba"},
+    {"block_type": "moe", "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+    {"block_type": "attention"},
+    {
+        "block_type": "moe",
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 12,
+        "n_shared_experts": 0,
+    },
+    {"block_type": "mamba"},
+    {"block_type": "attention", "num_attention_heads": 2, "num_key_value_heads": 1},
+    {"block_type": "moe", "num_experts_per_tok": 1, "moe_intermediate_size": 20},
+]
+# chunk_size: the one Mamba field a GGUF does not carry, at the value it then takes (128)
+PUZZLE_GGUF_GLOBALS: dict[str, Any] = {"moe_latent_size": 24, "chunk_size": 128}
+
+
 # ----------------------------------------------------------------------------- layout
 def _permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     """LlamaModel.permute: per head, rows [first half | second half] become interleaved."""
@@ -118,6 +145,12 @@ def _kind(config: Any, layer: int) -> str:
     spelled = {"linear_attention": "mamba", "full_attention": "attention"}
     name = config.layers_block_type[layer]
     return spelled.get(name, name)
+
+
+def layer_config(model: Any, layer: int) -> Any:
+    """The transformers config layer `layer`'s mixer was built with (a Puzzle reference
+    rebuilds each mixer from its own; otherwise the model's)."""
+    return getattr(model.model.layers[layer].mixer, "config", model.config)
 
 
 def converter_tensors(model: Any, arch: str) -> dict[str, np.ndarray]:
@@ -145,7 +178,8 @@ def converter_tensors(model: Any, arch: str) -> dict[str, np.ndarray]:
             out[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(config.n_groups, -1)
             out[b + "ssm_out.weight"] = sd[m + "out_proj.weight"]
         elif kind == "attention":
-            heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+            own = layer_config(model, i)  # a Puzzle layer's own head counts
+            heads, kv_heads = own.num_attention_heads, own.num_key_value_heads
             out[b + "attn_q.weight"] = _permute_rows(sd[m + "q_proj.weight"], heads)
             out[b + "attn_k.weight"] = _permute_rows(sd[m + "k_proj.weight"], kv_heads)
             out[b + "attn_v.weight"] = sd[m + "v_proj.weight"]
@@ -201,6 +235,8 @@ def random_blocks(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
     else:
         for j, offset in enumerate(FP16_FIELDS[type_name]):
             blocks[:, offset : offset + 2] = scales[:, j : j + 1].view(np.uint8)
+    if type_name == "MXFP4":
+        blocks[:, 0] = rng.integers(*MXFP4_EXPONENTS, size=n_blocks, endpoint=True)
     row_bytes = shape[-1] // block_elems * block_bytes
     return blocks.reshape(*shape[:-1], row_bytes)
 
@@ -248,29 +284,51 @@ def write_gguf(
     special_tokens: dict[str, int] | None = None,
     seed: int = 0,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    scales: dict[str, np.ndarray] | None = None,
+    puzzle: bool = False,
+    packed: dict[str, tuple[np.ndarray, str]] | None = None,
 ) -> list[Path]:
     """Write `model` as llama.cpp's converter would; returns the written file(s).
 
     types: regex over GGUF names -> ggml type name (first match wins, default F32).
     split: at most this many tensors per file (a `-0000i-of-0000N.gguf` split set).
+    scales: GGUF weight name -> its `.scale` sidecar values ([1], or [E] for stacked experts):
+    the weight is stored divided by them, so stored blocks x scale is the model's weight.
+    packed: GGUF name -> (its blocks as uint8 [..., row_bytes], ggml type name), written as
+    they are in place of the model's values (e.g. NVFP4 repacked from ModelOpt bytes).
+    puzzle: a Puzzle reference (evaluation/puzzle_reference.py) written as the converter's
+    NemotronHPuzzleModel does: nemotron_h_moe with per-layer feed_forward_length,
+    expert_feed_forward_length and expert_used_count (0 for a layer without MoE) and per-layer
+    head counts; expert count, shared-expert length and latent size global.
     """
+    if puzzle and arch != "nemotron_h_moe":
+        raise ValueError("the converter writes Puzzle checkpoints as nemotron_h_moe")
     path = Path(path)
     config = model.config
     rng = np.random.default_rng(seed)
     tensors = converter_tensors(model, arch)
+    for name, scale in (scales or {}).items():
+        tensors[name] = tensors[name] / _per_slice(scale, tensors[name])
+        tensors[name.removesuffix(".weight") + ".scale"] = np.asarray(scale, np.float32)
     tensors.update(extra_tensors or {})
     writer = gguf.GGUFWriter(path, arch, split_max_tensors=split or 0)
 
     n_layer = config.num_hidden_layers
     kinds = [_kind(config, i) for i in range(n_layer)]
+    pairs = [(layer_config(model, i), kinds[i]) for i in range(n_layer)]
     ffn = config.moe_intermediate_size if arch == "nemotron_h_moe" else config.intermediate_size
     writer.add_block_count(n_layer)
     writer.add_context_length(2**20)  # GraniteHybridModel: no RoPE
     writer.add_embedding_length(config.hidden_size)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_feed_forward_length([ffn if k in ("mlp", "moe") else 0 for k in kinds])
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv([config.num_key_value_heads if k == "attention" else 0 for k in kinds])
+    if puzzle:  # NemotronHPuzzleModel: per-layer arrays, 0 where a layer has no MoE
+        widths = [c.moe_intermediate_size if k == "moe" else 0 for c, k in pairs]
+        writer.add_feed_forward_length(widths)
+        writer.add_head_count([c.num_attention_heads if k == "attention" else 0 for c, k in pairs])
+    else:
+        writer.add_feed_forward_length([ffn if k in ("mlp", "moe") else 0 for k in kinds])
+        writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv([c.num_key_value_heads if k == "attention" else 0 for c, k in pairs])
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
@@ -282,9 +340,14 @@ def write_gguf(
     writer.add_ssm_group_count(config.n_groups)
     writer.add_ssm_inner_size(config.mamba_num_heads * config.mamba_head_dim)
     writer.add_ssm_time_step_rank(config.mamba_num_heads)
-    if arch == "nemotron_h_moe":
+    if puzzle:  # arrays under the same keys (gguf-py 0.19's add_expert_* take scalars only)
+        used = [c.num_experts_per_tok if k == "moe" else 0 for c, k in pairs]
+        writer.add_array(gguf.Keys.LLM.EXPERT_USED_COUNT.format(arch=arch), used)
+        writer.add_array(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch), widths)
+    elif arch == "nemotron_h_moe":
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch == "nemotron_h_moe":
         writer.add_expert_shared_feed_forward_length(config.moe_shared_expert_intermediate_size)
         writer.add_expert_count(config.n_routed_experts)
         writer.add_expert_shared_count(config.n_shared_experts)
@@ -314,7 +377,12 @@ def write_gguf(
         if arch == "nemotron_h":
             writer.add_add_bos_token(True)  # NemotronHModel.set_vocab, non-MoE only
 
+    for name, (blocks, _) in (packed or {}).items():
+        tensors[name] = blocks  # in the converter's order (the model's), but stored as given
     for name, data in tensors.items():
+        if name in (packed or {}):
+            writer.add_tensor(name, data, raw_dtype=Q[packed[name][1]])  # type: ignore[index]
+            continue
         if data.dtype != np.float32:
             writer.add_tensor(name, data)  # extra tensors of other dtypes, written as given
             continue
@@ -330,6 +398,23 @@ def write_gguf(
 
 
 # ----------------------------------------------------------------------------- reference
+def _per_slice(scale: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """A `.scale` sidecar broadcast over its weight: one value, or one per expert ([E, 1, 1])."""
+    scale = np.asarray(scale, np.float32).reshape(-1)
+    return scale.reshape(-1, 1, 1) if weight.ndim == 3 else scale.reshape(())
+
+
+def apply_sidecars(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """llama.cpp's meaning of the NVFP4 sidecars on dequantized arrays: each weight times its
+    `.scale` (per expert for stacked experts); `.input_scale` (activations) dropped."""
+    out = {n: a for n, a in arrays.items() if not n.endswith((".scale", ".input_scale"))}
+    for name, scale in arrays.items():
+        if name.endswith(".scale"):
+            weight = name.removesuffix(".scale") + ".weight"
+            out[weight] = out[weight] * _per_slice(scale, out[weight])
+    return out
+
+
 def gguf_parts(path: str | Path) -> list[Path]:
     path = Path(path)
     match = SPLIT_NAME.match(path.name)
@@ -357,6 +442,7 @@ def dequantized_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[st
 def dequantized_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """transformers NemotronHForCausalLM state dict (model. names) from a converter-layout GGUF."""
     arrays, metadata = dequantized_arrays(path)
+    arrays = apply_sidecars(arrays)
     arch = metadata["general.architecture"]
     n_head = int(metadata[f"{arch}.attention.head_count"])
     kv = metadata[f"{arch}.attention.head_count_kv"]

@@ -14,6 +14,7 @@ from safetensors.numpy import load_file, save_file
 import mobius_lite
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.errors import CheckpointError
+from mobius_lite.source_kinds import layout_of
 from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.tasks import text_generation_graphs
 from mobius_lite.tasks.options import ExportOptions
@@ -132,7 +133,8 @@ def test_mismatches_are_listed_before_any_read(
 ) -> None:
     broken = rewrite(checkpoint, tmp_path / case, edit)
     with pytest.raises(CheckpointError) as info:
+        source = NoReadSource(broken)
         text_generation_graphs(
-            NemotronHConfig.from_file(broken), NoReadSource(broken), "safetensors", ExportOptions()
+            NemotronHConfig.from_file(broken), source, layout_of(source), ExportOptions()
         )
     assert message in str(info.value)

@@ -11,6 +11,7 @@ import onnx_ir as ir
 import pytest
 from transformers import NemotronHConfig as HFConfig
 
+from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind, StateRole
 from mobius_lite.errors import ConfigError
@@ -152,7 +153,7 @@ def test_ssm_cache_dtype_sets_the_recurrent_state_type(
         **SMALL, layers_block_type=("mamba", "attention"), mamba_ssm_cache_dtype=cache_dtype
     )
     for precision in ("f32", "f16"):
-        model, _ = build_decoder(config, precision)
+        model, _ = build_decoder(config, BuildContext.dense(precision))
         inputs = {v.name: v for v in model.graph.inputs}
         outputs = {v.name: v for v in model.graph.outputs}
         assert inputs[StateRole.RECURRENT.past_name(0)].dtype == expected

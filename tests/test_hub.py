@@ -280,7 +280,7 @@ def test_verify_and_qualify_default_to_the_recorded_source(offline_cache: Path, 
     """A package built from a hub id is checked against the exact commit it came from (from
     its manifest), not against whatever `main` is now; --revision main checks the other."""
     from mobius_lite.cli.main import main as cli
-    from mobius_lite.sources.package_source import source_for_package
+    from mobius_lite.weights.package_source import source_for_package
 
     out = mobius_lite.build(PINNED_ID).save(tmp_path / "pkg", quiet=True)
     resolved = source_for_package(out)

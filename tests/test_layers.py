@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("configs",),
     ("components",),
     ("models",),
+    ("source_kinds",),
     ("graphs",),
     ("weights",),
     ("package", "genai_config", "runtime", "omni_runtime", "media", "routes"),
@@ -77,3 +78,14 @@ def test_every_module_is_in_a_layer() -> None:
         if path.is_dir() and not (path / "__init__.py").is_file():
             continue
         assert name in LAYER_OF, f"mobius_lite.{name} is in no layer"
+
+
+def test_qualify_references_are_named_evaluation_callables() -> None:
+    """A model type names its qualify reference instead of importing it (evaluation sits above
+    configs): every name must be an evaluation module's callable."""
+    from mobius_lite.configs.model_types import MODEL_TYPES
+
+    for model_type in MODEL_TYPES.values():
+        module = model_type.reference.partition(":")[0]
+        assert layer(module) == LAYER_OF["evaluation"], model_type.reference
+        assert callable(model_type.qualify_reference()), model_type.reference

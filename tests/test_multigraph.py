@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 
 import mobius_lite
 from mobius_lite.cli.main import main
+from mobius_lite.components.context import BuildContext
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import PackageError
 from mobius_lite.graphs.embedding import build_embedding_graph
@@ -40,7 +41,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def two_graph_package(checkpoint: Path, declare: bool) -> ModelPackage:
     package = mobius_lite.build(checkpoint)
-    embedding = build_embedding_graph(package.config, package.precision)
+    embedding = build_embedding_graph(package.config, BuildContext.dense(package.precision))
     # The embedding graph uses part of the checkpoint: the package accounts for the rest.
     plan = plan_bindings(
         graph_parameters(embedding), package.source, SafetensorsNames(), account_for_all=False

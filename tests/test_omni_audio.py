@@ -15,6 +15,7 @@ from transformers.audio_utils import mel_filter_bank
 from transformers.models.parakeet.feature_extraction_parakeet import ParakeetFeatureExtractor
 
 from formats.emit_harness import run_emitter
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.parakeet import ParakeetSpec, subsampled_lengths
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.graphs.omni import build_audio_graph
@@ -198,7 +199,8 @@ def test_bf16_graph_is_valid() -> None:
     import onnx
 
     model = build_audio_graph(
-        OmniAudioConfig.from_dict(omni_audio_config(SMALL_AUDIO).to_dict()), "bf16"
+        OmniAudioConfig.from_dict(omni_audio_config(SMALL_AUDIO).to_dict()),
+        BuildContext.dense("bf16"),
     )
     for value in model.graph.initializers.values():
         assert value.dtype == ir.DataType.BFLOAT16

@@ -16,6 +16,7 @@ from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
 )
 
 from formats.emit_harness import run_emitter
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.evs import retention_mask
 from mobius_lite.components.projector import pixel_shuffle, pixel_shuffle_order
 from mobius_lite.components.radio import interpolate_position_embedding
@@ -263,7 +264,7 @@ def test_bf16_graphs_are_valid() -> None:
 
     config = OmniVisionConfig.from_dict(omni_config(True, RATE).to_dict())
     for build in (build_vision_graph, build_video_graph):
-        model = build(config, "bf16")
+        model = build(config, BuildContext.dense("bf16"))
         for value in model.graph.initializers.values():
             assert value.dtype == ir.DataType.BFLOAT16
             value.const_value = ir.tensor(

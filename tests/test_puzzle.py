@@ -232,8 +232,8 @@ def test_direct_construction_matches_checkpoint(hetero: dict[str, Any]) -> None:
     assert cache_tensors(direct.layers, ir.DataType.FLOAT) == cache_tensors(
         from_file.layers, ir.DataType.FLOAT
     )
-    graph_direct, _ = build_decoder(direct, "f32")
-    graph_file, _ = build_decoder(from_file, "f32")
+    graph_direct, _ = build_decoder(direct)
+    graph_file, _ = build_decoder(from_file)
     assert graph_parameters(graph_direct) == graph_parameters(graph_file)
     proto_direct = ir.serde.serialize_model(graph_direct).SerializeToString()
     proto_file = ir.serde.serialize_model(graph_file).SerializeToString()
@@ -266,7 +266,7 @@ def test_node_count_independent_of_expert_count() -> None:
             for b in HETEROGENEOUS_BLOCKS
         ]
         raw = puzzle_raw_config(blocks)
-        return build_decoder(NemotronHPuzzleConfig.from_dict(raw), "f32")[0]
+        return build_decoder(NemotronHPuzzleConfig.from_dict(raw))[0]
 
     small, large = graph_for(16), graph_for(128)
     assert _count_nodes(small.graph) == _count_nodes(large.graph)

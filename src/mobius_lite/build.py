@@ -10,37 +10,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.components.context import Activations, Backend
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.configs.gguf_metadata import config_from_checkpoint
-from mobius_lite.configs.loader import load_text_config
-from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
-from mobius_lite.enums import Precision
+from mobius_lite.configs.model_type import ModelConfig, ModelType
+from mobius_lite.configs.model_types import MODEL_TYPES, read_config
+from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import ConfigError
-from mobius_lite.package import GraphRecord, ModelPackage
+from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
     check_route,
     check_weight_format,
     parse_backend,
 )
+from mobius_lite.source_kinds import SOURCE_KINDS, layout_of, open_checkpoint
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.sources.open import SAFETENSORS, open_checkpoint
-from mobius_lite.tasks import (
-    IMAGE_TEXT_TO_TEXT,
-    SUPPORTED_TASKS,
-    TEXT_GENERATION,
-    omni_graphs,
-    text_generation_graphs,
-)
+from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraphs
 from mobius_lite.tasks.options import ExportOptions
 
 
 def check_task(task: str | None, model_type: str | None = None) -> str:
     """The task to export: the one asked for, checked against the model type, or the model
     type's own (text-generation for Nemotron-H and Puzzle, image-text-to-text for Omni)."""
-    default = IMAGE_TEXT_TO_TEXT if model_type == OMNI_MODEL_TYPE else TEXT_GENERATION
+    known = MODEL_TYPES.get(model_type) if model_type is not None else None
+    default = known.task.value if known is not None else TEXT_GENERATION
     if task is None:
         return default
     if task not in SUPPORTED_TASKS:
@@ -56,15 +49,10 @@ def check_task(task: str | None, model_type: str | None = None) -> str:
 
 
 def package_graphs(
-    raw_config: dict[str, Any], source: TensorSource, kind: str, options: ExportOptions
-) -> tuple[NemotronHConfig, list[GraphRecord], dict[str, list[str]], dict[str, Any] | None]:
-    """(decoder config, graphs, shared tensors, config.json to write) for a checkpoint."""
-    if raw_config.get("model_type") == OMNI_MODEL_TYPE:
-        omni = omni_graphs(raw_config, source, kind, options)
-        return omni.config.text, omni.graphs, omni.shared, omni.config.raw
-    text_config = load_text_config(raw_config)
-    graphs, shared = text_generation_graphs(text_config, source, kind, options)
-    return text_config, graphs, shared, None
+    model_type: ModelType, config: ModelConfig, source: TensorSource, options: ExportOptions
+) -> TaskGraphs:
+    """The graphs of the model type's task for a checkpoint, from its one parsed config."""
+    return TASKS[model_type.task](config, source, layout_of(source), options)
 
 
 def build(
@@ -89,7 +77,7 @@ def build(
     gives the Mamba mixers onnxruntime's native conv / SSD kernels); with
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
     fields a GGUF file does not carry. `activations` ("exact", "exact-fused", "int8";
-    components.context.Activations) moves packed matmuls and experts onto onnxruntime's
+    enums.Activations) moves packed matmuls and experts onto onnxruntime's
     fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer
     and tensor headers is read here; tensor data is streamed by ModelPackage.save. The
     resolved commit is recorded in metadata["source"].
@@ -99,35 +87,25 @@ def build(
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
-    opened = open_checkpoint(
-        model,
-        revision,
-        gguf_file=gguf_file,
-        config_json=config,
-        read_gguf_config=config_from_checkpoint,
-    )
+    opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
-    check_weight_format(opened.raw_config, opened.kind)
-    if opened.raw_config.get("model_type") == OMNI_MODEL_TYPE:
-        OmniConfig.from_dict(opened.raw_config)  # config errors before any weight download
-    else:
-        load_text_config(opened.raw_config)
+    check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
+    # the one parse of the config: its errors come before any weight download
+    model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
     options = ExportOptions(precision, backend, dequantize, opened.unused_rules, mode)
-    text_config, graphs, shared, config_json = package_graphs(
-        opened.raw_config, source, opened.kind, options
-    )
+    exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
-        config=text_config,
+        config=exported.decoder,
         precision=precision,
-        graphs=graphs,
+        graphs=exported.graphs,
         source=source,
         source_dir=opened.resolved.path,
         provider=provider,
         extra_files=opened.extra_files,
-        config_json=config_json,
-        shared=shared,
+        config_json=exported.config_json,
+        shared=exported.shared,
         metadata={"source": opened.resolved.source_record()},
     )
 
@@ -151,16 +129,16 @@ def build_from_module(
     if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
+    model_type, parsed = read_config(raw)
     source = MemorySource(module.state_dict())
-    text_config, graphs, shared, config_json = package_graphs(
-        raw, source, SAFETENSORS, ExportOptions(precision, backend, activations=mode)
-    )
+    options = ExportOptions(precision, backend, activations=mode)
+    exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
-        config=text_config,
+        config=exported.decoder,
         precision=precision,
-        graphs=graphs,
+        graphs=exported.graphs,
         source=source,
         provider=provider,
-        config_json=config_json,
-        shared=shared,
+        config_json=exported.config_json,
+        shared=exported.shared,
     )

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.components.context import Activations, Backend
-from mobius_lite.enums import Precision
+from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import Cast
+from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 
 EXECUTION_PROVIDERS = ("cpu", "cuda")
 
@@ -60,10 +60,12 @@ def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str
     return precision, provider
 
 
-def parse_backend(value: Any) -> Backend:
+def parse_backend(value: Backend | str) -> Backend:
     """--weights-backend standard | ort."""
+    if isinstance(value, Backend):
+        return value
     try:
-        return Backend(str(getattr(value, "value", value)).lower())
+        return Backend(str(value).lower())
     except ValueError:
         raise RouteError(
             f"weights backend {value!r} is not supported; choose one of "
@@ -72,12 +74,12 @@ def parse_backend(value: Any) -> Backend:
 
 
 def check_activations(
-    value: Any, backend: Backend, precision: Precision, provider: str
+    value: Activations | str, backend: Backend, precision: Precision, provider: str
 ) -> Activations:
     """--activations exact | exact-fused | int8: the fused modes are onnxruntime CPU kernels
     (com.microsoft MatMulNBits / MoE / QMoE) on f32 activations."""
     try:
-        mode = Activations(str(getattr(value, "value", value)).lower())
+        mode = value if isinstance(value, Activations) else Activations(str(value).lower())
     except ValueError:
         raise RouteError(
             f"activations {value!r} is not supported; choose one of "
@@ -99,15 +101,15 @@ def check_activations(
     return mode
 
 
-def check_weight_format(raw_config: Mapping[str, Any], kind: str = "safetensors") -> None:
+def check_weight_format(raw_config: Mapping[str, Any], kind: SourceKind = SAFETENSORS_KIND) -> None:
     """Refuse checkpoints stored in a quantized format this library does not export.
 
     Casting packed INT4 / GPTQ / AWQ bytes to dense floats would silently drop their scales,
     so a config that declares such quantization is rejected before any weight is fetched or
-    read. ModelOpt checkpoints (kind "modelopt") export packed.
+    read, unless its source kind keeps that quantization packed (ModelOpt).
     """
     quant = raw_config.get("quantization_config")
-    if quant is None or kind == "modelopt":  # ModelOpt formats export packed (sources/)
+    if quant is None or kind.keeps_quantization:
         return
     method = quant.get("quant_method", "unknown") if isinstance(quant, Mapping) else quant
     algo = quant.get("quant_algo") if isinstance(quant, Mapping) else None

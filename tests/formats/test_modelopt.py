@@ -16,6 +16,7 @@ from onnxscript import GraphBuilder
 
 import modelopt_fixtures as mf
 from formats.emit_harness import run_emitter
+from mobius_lite.enums import Backend
 from mobius_lite.errors import CheckpointError, ConfigError
 from mobius_lite.formats.modelopt import fp8, nvfp4
 from mobius_lite.formats.modelopt.quant_config import (
@@ -441,7 +442,7 @@ def test_weight_formats_parameters_and_routes() -> None:
     from mobius_lite.formats.modelopt import storage
 
     f16 = ir.DataType.FLOAT16
-    fmt = storage.nvfp4_codes(()).weight_format(f16, "ort", (8, 64, 32), True)
+    fmt = storage.nvfp4_codes(()).weight_format(f16, Backend.ORT, (8, 64, 32), True)
     assert not fmt.kernel  # stacked experts decode with standard ops on every backend
     shapes = {k: (p.shape, p.dtype) for k, p in fmt.parameters((8, 64, 32)).items()}
     assert shapes == {
@@ -449,7 +450,7 @@ def test_weight_formats_parameters_and_routes() -> None:
         "_scale": (ir.Shape([8, 64, 2]), ir.DataType.FLOAT8E4M3FN),
         "_scale_2": (ir.Shape([8]), ir.DataType.FLOAT),
     }
-    kernel = storage.nvfp4_codes((1,)).weight_format(f16, "ort", (64, 32), False)
+    kernel = storage.nvfp4_codes((1,)).weight_format(f16, Backend.ORT, (64, 32), False)
     assert kernel.kernel and kernel.parameters((64, 32))["_scale"].dtype == ir.DataType.UINT8
     with pytest.raises(RouteError, match="float16 or bfloat16"):
-        storage.fp8_weights(()).weight_format(ir.DataType.FLOAT, "ort", (64, 32), False)
+        storage.fp8_weights(()).weight_format(ir.DataType.FLOAT, Backend.ORT, (64, 32), False)

@@ -8,10 +8,8 @@ import textwrap
 from pathlib import Path
 
 from mobius_lite.build import SUPPORTED_TASKS, build
-from mobius_lite.components.context import Backend
-from mobius_lite.configs.loader import SUPPORTED_MODEL_TYPES
-from mobius_lite.configs.omni import OMNI_MODEL_TYPE
-from mobius_lite.enums import Precision
+from mobius_lite.configs.model_types import MODEL_TYPES
+from mobius_lite.enums import Backend, Precision
 from mobius_lite.genai_config import genai_limitations
 from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS
@@ -46,7 +44,7 @@ EPILOG = textwrap.dedent(
 ) + "\n".join(
     f"  {m.model_id:<52} {m.revision[:12]}  {m.family}"
     for m in KNOWN_MODELS
-    if m.family in (*SUPPORTED_MODEL_TYPES, OMNI_MODEL_TYPE)
+    if m.family in MODEL_TYPES
 )
 
 

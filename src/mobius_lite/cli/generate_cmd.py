@@ -70,6 +70,8 @@ def _tokenizer(package: Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    from mobius_lite.configs.model_types import model_type_of
+    from mobius_lite.enums import Task
     from mobius_lite.runtime import session_providers
     from mobius_lite.sources.config_json import read_config_json
 
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     providers = session_providers(args.ep)
     tokenizer = _tokenizer(package)
     raw = read_config_json(package)
-    if raw.get("model_type") == "nemotron_h_omni":
+    if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:
         tokens = _omni(args, package, tokenizer, providers)
     else:
         if args.image or args.audio:

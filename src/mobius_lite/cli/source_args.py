@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mobius_lite.sources.package_source import source_for_package
+from mobius_lite.weights.package_source import source_for_package
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:

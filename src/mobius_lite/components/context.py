@@ -2,53 +2,24 @@
 
 `BuildContext` carries the activation precision, the weight formats (a resolver from a weight
 slot's checkpoint name and logical shape to its format; dense in the activation precision
-when it has none) and the backend a format may emit for. Components declare weight slots
+when it has none), the backend a format may emit for and the activation mode of
+onnxruntime's fused CPU kernels (enums.Activations). Components declare weight slots
 (`WeightedModule.weight_slot`); after the module tree is built, `apply_weight_formats` gives
 each slot the format its full name resolves to, so model code never mentions a format.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
+from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.formats.contrib import is_ort
-from mobius_lite.formats.weight import DenseWeight, WeightFormat
-
-
-class Backend(str, enum.Enum):
-    """Which operators the graphs may emit: packed formats' kernels, and the Mamba mixer's."""
-
-    STANDARD = "standard"  # standard ONNX ops only: runs on any execution provider
-    # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
-    # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
-    ORT = "ort"
-
-
-class Activations(str, enum.Enum):
-    """How packed matmuls and experts compute on onnxruntime's CPU kernels (`--activations`).
-
-    EXACT keeps today's routes. EXACT_FUSED moves them onto the fused kernels where the result
-    stays exact within f32 rounding: MatMulNBits at accuracy 0 over the exact code layouts
-    (formats/ggml/exact_codes.py), experts on the com.microsoft MoE (f32) / QMoE (4-bit,
-    accuracy 0) kernels in their SwiGLU form of ReLU^2. INT8 puts every packed matmul on
-    MatMulNBits at accuracy 4 and every packed MoE on QMoE: the kernels quantize the
-    activations to int8 per block, as llama.cpp does for these types (not exact; gated by
-    evaluation.metrics.int8_activation_gate).
-    """
-
-    EXACT = "exact"
-    EXACT_FUSED = "exact-fused"
-    INT8 = "int8"
-
-
-# (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
-WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
+from mobius_lite.formats.weight import DenseWeight, WeightFormat, WeightFormatResolver
 
 
 @dataclass(frozen=True)
@@ -67,6 +38,11 @@ class BuildContext:
         if line not in self.notices:
             self.notices.add(line)
             logging.getLogger("mobius_lite.routes").warning(line)
+
+    @classmethod
+    def dense(cls, precision: Precision | str = Precision.F32) -> BuildContext:
+        """Every weight dense in `precision`, standard ops (graphs built without a source)."""
+        return cls(Precision.parse(precision).ir_dtype)
 
     def weight_format(self, name: str, shape: tuple[int, ...]) -> WeightFormat | None:
         """The format of weight slot `name`, or None when it stays dense."""
@@ -132,16 +108,9 @@ def fused_kernels(ctx: BuildContext) -> bool:
 def matmul_kernel_format(ctx: BuildContext, fmt: WeightFormat) -> WeightFormat:
     """A linear layer's format under the activation mode: MatMulNBits over the exact code
     layout (accuracy 0, or 4 for int8) where the format has one; else `fmt`, said once."""
-    move = getattr(fmt, "on_exact_layout", None)
     if not fused_kernels(ctx) or isinstance(fmt, DenseWeight):
         return fmt
-    if move is None:
-        ctx.notice(
-            f"--activations {ctx.activations.value}: {fmt.name} weights have no exact "
-            "MatMulNBits layout; kept on their route"
-        )
-        return fmt
-    moved = move(4 if ctx.activations is Activations.INT8 else 0)
+    moved = fmt.on_exact_layout(ctx.activations.accuracy_level)
     if isinstance(moved, str):
         ctx.notice(f"--activations {ctx.activations.value}: {moved}; kept on the exact route")
         return fmt

@@ -18,10 +18,11 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
-from mobius_lite.components.context import Backend, BuildContext
+from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
 from mobius_lite.configs.layers import MambaSpec
+from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, typed
 
 
@@ -73,7 +74,7 @@ class Mamba2Mixer(nn.Module):
         else:
             self.A_log = nn.Parameter([s.num_heads], dtype=dtype)
         self.D = nn.Parameter([s.num_heads], dtype=dtype)
-        self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, dtype)
+        self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, ctx)
         self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
 
     @property

@@ -12,19 +12,16 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float32
-from mobius_lite.components.context import (
-    Activations,
-    BuildContext,
-    WeightedModule,
-    fused_kernels,
-)
+from mobius_lite.components.context import BuildContext, WeightedModule, fused_kernels
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
 from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
 from mobius_lite.configs.layers import MoESpec
-from mobius_lite.formats.weight import DenseWeight, WeightFormat
+from mobius_lite.enums import Activations
+from mobius_lite.formats.weight import DenseWeight, FusedExperts, WeightFormat
 
 INT64 = ir.DataType.INT64
+EXPERT_SLOTS = ("up_proj", "down_proj")
 # Up to this many (row, expert) pairs the experts run as one gathered batched matmul.
 GATHERED_PAIRS_LIMIT = 16
 # What one Scan iteration over an unselected expert costs on onnxruntime CPU, in bytes of
@@ -36,10 +33,11 @@ SCAN_ITERATION_BYTES = 64 * 1024
 class TopkRouter(nn.Module):
     """Selection uses sigmoid(logits) + e_score_correction_bias; weights use the plain sigmoid."""
 
-    def __init__(self, spec: MoESpec, hidden_size: int) -> None:
+    def __init__(self, spec: MoESpec, hidden_size: int, ctx: BuildContext) -> None:
         super().__init__()
         self.spec = spec
-        # The source keeps the router in FP32 (_keep_in_fp32_modules_strict).
+        # The source keeps the router in FP32 (_keep_in_fp32_modules_strict), whatever the
+        # context's activation precision.
         self.weight = nn.Parameter([spec.n_routed_experts, hidden_size], dtype=FLOAT)
         self.e_score_correction_bias = nn.Parameter([spec.n_routed_experts], dtype=FLOAT)
 
@@ -82,6 +80,11 @@ class TopkRouter(nn.Module):
         return indices, weights
 
 
+def _layout(operand: FusedExperts) -> tuple[int, int]:
+    """A QMoE operand's (bit width, block size): one layer's fc1 and fc2 must share them."""
+    return operand.bits, operand.block_size
+
+
 class Experts(WeightedModule):
     """Stacked ReLU^2 experts, run for the selected experts only (any E, same nodes)."""
 
@@ -92,44 +95,41 @@ class Experts(WeightedModule):
         e, inner = spec.n_routed_experts, spec.moe_intermediate_size
         self.weight_slot("up_proj", (e, inner, input_size))
         self.weight_slot("down_proj", (e, input_size, inner))
+        # slot -> its QMoE operand, for the slots moved onto the fused kernel (--activations)
+        self._operands: dict[str, FusedExperts] = {}
 
     # ------------------------------------------------------------------ fused kernels
     def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
         """Under a fused activation mode, a packed slot as a QMoE operand where it fits
-        exactly (formats/ggml/qmoe.py); otherwise `fmt`, said once."""
-        move = getattr(fmt, "on_fused_experts", None)
+        exactly (the format's on_fused_experts); otherwise `fmt`, said once."""
         if not fused_kernels(self.ctx) or isinstance(fmt, DenseWeight):
             return fmt
-        if move is None:
-            self.ctx.notice(f"{self._mode}: {fmt.name} experts have no QMoE layout; kept exact")
-            return fmt
-        moved = move("fc1" if attr == "up_proj" else "fc2", self._int8)
+        moved = fmt.on_fused_experts("fc1" if attr == "up_proj" else "fc2", self._int8)
         if isinstance(moved, str):
             self.ctx.notice(f"{self._mode}: {moved}; kept on the exact experts route")
             return fmt
+        self._operands[attr] = moved
         return moved
 
     def formats_applied(self) -> None:
         """QMoE takes both projections or neither, with one bit width and one block size
         (onnxruntime 1.32's CPU kernel: "Mixed-width QMoE execution is not yet implemented
         on CPU"): else back to the slots' exact formats, said once."""
-        formats = [self.weight_format_of(a) for a in ("up_proj", "down_proj")]
-        fused = [hasattr(f, "operands") for f in formats]
-        if not any(fused):
+        if not self._operands:
             return
-        up, down = formats
-        if all(fused) and (up.bits, up.block_size) == (down.bits, down.block_size):
+        up, down = (self._operands.get(a) for a in EXPERT_SLOTS)
+        if up is not None and down is not None and _layout(up) == _layout(down):
             cost = up.layer_byte_cost(down)
             self.ctx.notice(
-                f"{self._mode}: experts ({up.type.name} / {down.type.name}) on QMoE, fc1 "
+                f"{self._mode}: experts ({up.stored_type} / {down.stored_type}) on QMoE, fc1 "
                 f"stores every up row twice (the SwiGLU form of ReLU^2): {cost:.2f}x the "
                 "GGUF experts' bytes"
             )
             return
-        for attr, fmt in zip(("up_proj", "down_proj"), formats, strict=True):
-            if hasattr(fmt, "exact"):
-                self.set_weight_format(attr, fmt.exact)
-        names = " / ".join(f.name for f in formats)
+        names = " / ".join(self.weight_format_of(a).name for a in EXPERT_SLOTS)
+        for attr, operand in self._operands.items():
+            self.set_weight_format(attr, operand.exact)
+        self._operands.clear()
         self.ctx.notice(
             f"{self._mode}: experts {names} do not both fit one QMoE layout (one bit width and "
             "block size); kept on the exact experts route"
@@ -145,8 +145,7 @@ class Experts(WeightedModule):
 
     def _fused_route(self) -> str | None:
         """ "qmoe", "moe" (dense f32 experts) or None (the Scan / Gather paths)."""
-        formats = [self.weight_format_of(a) for a in ("up_proj", "down_proj")]
-        if all(hasattr(f, "operands") for f in formats):
+        if all(self.weight_format_of(a) is self._operands.get(a) for a in EXPERT_SLOTS):
             return "qmoe"
         if fused_kernels(self.ctx) and self._scannable() and self.ctx.dtype == FLOAT:
             self.ctx.notice(
@@ -160,11 +159,9 @@ class Experts(WeightedModule):
         if route == "moe":
             up, down = (self.slot_values(a)[""] for a in ("up_proj", "down_proj"))
             return dense_fused_experts(op, self.spec, x, indices, weights, up, down)
-        slots = tuple(
-            (self.weight_format_of(a), self.slot_values(a)) for a in ("up_proj", "down_proj")
-        )
-        accuracy = 4 if self._int8 else 0
-        return quantized_fused_experts(op, self.spec, x, indices, weights, *slots, accuracy)
+        up, down = ((self._operands[a], self.slot_values(a)) for a in EXPERT_SLOTS)
+        accuracy = self.ctx.activations.accuracy_level
+        return quantized_fused_experts(op, self.spec, x, indices, weights, up, down, accuracy)
 
     def _expert_bytes(self) -> int:
         """Bytes of one expert's up and down weights in the activation precision."""
@@ -428,7 +425,7 @@ class MoE(nn.Module):
         super().__init__()
         self.spec = spec
         self.dtype = ctx.dtype
-        self.gate = TopkRouter(spec, hidden_size)
+        self.gate = TopkRouter(spec, hidden_size, ctx)
         expert_width = spec.latent_size or hidden_size
         self.experts = Experts(spec, expert_width, ctx)
         if spec.latent_size is not None:

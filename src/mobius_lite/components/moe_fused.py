@@ -26,7 +26,8 @@ from onnxscript import OpBuilder
 from mobius_lite.components.common import FLOAT
 from mobius_lite.configs.layers import MoESpec
 from mobius_lite.formats.contrib import contrib_op, typed
-from mobius_lite.formats.ggml.qmoe import QMoEExperts, emit_qmoe
+from mobius_lite.formats.ggml.qmoe import emit_qmoe
+from mobius_lite.formats.weight import FusedExperts
 
 # The SwiGLU attributes that make ReLU^2 (module doc); alpha >= 1e4 measured to suffice.
 RELU2_AS_SWIGLU: dict[str, object] = {
@@ -87,8 +88,8 @@ def quantized_fused_experts(
     x: ir.Value,
     indices: ir.Value,
     weights: ir.Value,
-    fc1: tuple[QMoEExperts, dict[str, ir.Value]],
-    fc2: tuple[QMoEExperts, dict[str, ir.Value]],
+    fc1: tuple[FusedExperts, dict[str, ir.Value]],
+    fc2: tuple[FusedExperts, dict[str, ir.Value]],
     accuracy_level: int,
 ) -> ir.Value:
     """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc)."""

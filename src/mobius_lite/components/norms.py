@@ -6,15 +6,16 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, cast_to, to_float32
+from mobius_lite.components.context import BuildContext
 
 
 class RMSNorm(nn.Module):
     """NemotronHRMSNorm: (weight.f32 * x.f32 / rms(x.f32)).to(input dtype)."""
 
-    def __init__(self, hidden_size: int, eps: float, dtype: ir.DataType) -> None:
+    def __init__(self, hidden_size: int, eps: float, ctx: BuildContext) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter([hidden_size], dtype=dtype)
+        self.weight = nn.Parameter([hidden_size], dtype=ctx.dtype)
 
     def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         # Cast point: the product weight * normalized happens in FP32, then one cast back.
@@ -31,13 +32,13 @@ class GatedGroupRMSNorm(nn.Module):
     out_proj); the caller casts the result to the model dtype.
     """
 
-    def __init__(self, hidden_size: int, n_groups: int, eps: float, dtype: ir.DataType) -> None:
+    def __init__(self, hidden_size: int, n_groups: int, eps: float, ctx: BuildContext) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.group_size = hidden_size // n_groups
         self.n_groups = n_groups
         self.eps = eps
-        self.weight = nn.Parameter([hidden_size], dtype=dtype)
+        self.weight = nn.Parameter([hidden_size], dtype=ctx.dtype)
 
     def forward(self, op: OpBuilder, y: ir.Value, gate: ir.Value) -> ir.Value:
         gate32 = to_float32(op, gate)

@@ -358,12 +358,12 @@ def _rel_shift(op: OpBuilder, scores: ir.Value, steps: ir.Value) -> ir.Value:
 class BatchNorm1d(nn.Module):
     """torch.nn.BatchNorm1d in eval: running statistics, FP32 math, one cast back."""
 
-    def __init__(self, channels: int, dtype: ir.DataType) -> None:
+    def __init__(self, channels: int, ctx: BuildContext) -> None:
         super().__init__()
-        self.weight = nn.Parameter([channels], dtype=dtype)
-        self.bias = nn.Parameter([channels], dtype=dtype)
-        self.running_mean = nn.Parameter([channels], dtype=dtype)
-        self.running_var = nn.Parameter([channels], dtype=dtype)
+        self.weight = nn.Parameter([channels], dtype=ctx.dtype)
+        self.bias = nn.Parameter([channels], dtype=ctx.dtype)
+        self.running_mean = nn.Parameter([channels], dtype=ctx.dtype)
+        self.running_var = nn.Parameter([channels], dtype=ctx.dtype)
 
     def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         y = op.BatchNormalization(
@@ -382,13 +382,14 @@ class ParakeetEncoderConvolutionModule(nn.Module):
     """pointwise_conv1 -> GLU -> zero padded steps -> depthwise_conv -> norm (BatchNorm) ->
     activation -> pointwise_conv2, over [B, channels, T]."""
 
-    def __init__(self, spec: ParakeetSpec, dtype: ir.DataType) -> None:
+    def __init__(self, spec: ParakeetSpec, ctx: BuildContext) -> None:
         super().__init__()
         self.spec = spec
         d, k, b = spec.hidden_size, spec.conv_kernel_size, spec.convolution_bias
+        dtype = ctx.dtype
         self.pointwise_conv1 = Conv(d, 2 * d, (1,), dtype, bias=b)
         self.depthwise_conv = Conv(d, d, (k,), dtype, padding=(k - 1) // 2, groups=d, bias=b)
-        self.norm = BatchNorm1d(d, dtype)
+        self.norm = BatchNorm1d(d, ctx)
         self.pointwise_conv2 = Conv(d, d, (1,), dtype, bias=b)
 
     def forward(self, op: OpBuilder, x: ir.Value, dims: EncoderDims) -> ir.Value:
@@ -425,16 +426,16 @@ class ParakeetEncoderBlock(nn.Module):
 
     def __init__(self, spec: ParakeetSpec, ctx: BuildContext) -> None:
         super().__init__()
-        d, dtype = spec.hidden_size, ctx.dtype
+        d = spec.hidden_size
         self.feed_forward1 = ParakeetEncoderFeedForward(spec, ctx)
         self.self_attn = ParakeetEncoderAttention(spec, ctx)
-        self.conv = ParakeetEncoderConvolutionModule(spec, dtype)
+        self.conv = ParakeetEncoderConvolutionModule(spec, ctx)
         self.feed_forward2 = ParakeetEncoderFeedForward(spec, ctx)
-        self.norm_feed_forward1 = LayerNorm(d, LAYER_NORM_EPS, dtype)
-        self.norm_self_att = LayerNorm(d, LAYER_NORM_EPS, dtype)
-        self.norm_conv = LayerNorm(d, LAYER_NORM_EPS, dtype)
-        self.norm_feed_forward2 = LayerNorm(d, LAYER_NORM_EPS, dtype)
-        self.norm_out = LayerNorm(d, LAYER_NORM_EPS, dtype)
+        self.norm_feed_forward1 = LayerNorm(d, LAYER_NORM_EPS, ctx)
+        self.norm_self_att = LayerNorm(d, LAYER_NORM_EPS, ctx)
+        self.norm_conv = LayerNorm(d, LAYER_NORM_EPS, ctx)
+        self.norm_feed_forward2 = LayerNorm(d, LAYER_NORM_EPS, ctx)
+        self.norm_out = LayerNorm(d, LAYER_NORM_EPS, ctx)
 
     def forward(
         self, op: OpBuilder, x: ir.Value, positions: ir.Value, dims: EncoderDims

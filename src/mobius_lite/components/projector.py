@@ -68,7 +68,7 @@ class MultiModalProjector(nn.Module):
         eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        self.layer_norm = RMSNorm(input_size, eps, ctx.dtype)
+        self.layer_norm = RMSNorm(input_size, eps, ctx)
         self.linear_1 = Linear(input_size, hidden_size, bias, ctx)
         self.linear_2 = Linear(hidden_size, output_size, bias, ctx)
 

@@ -278,11 +278,11 @@ class RadioPatchEmbeddings(nn.Module):
 class LayerNorm(nn.Module):
     """torch.nn.LayerNorm with FP32 compute and one cast back (as torch does for half inputs)."""
 
-    def __init__(self, hidden_size: int, eps: float, dtype: ir.DataType) -> None:
+    def __init__(self, hidden_size: int, eps: float, ctx: BuildContext) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter([hidden_size], dtype=dtype)
-        self.bias = nn.Parameter([hidden_size], dtype=dtype)
+        self.weight = nn.Parameter([hidden_size], dtype=ctx.dtype)
+        self.bias = nn.Parameter([hidden_size], dtype=ctx.dtype)
 
     def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         y = op.LayerNormalization(
@@ -385,9 +385,9 @@ class RadioLayer(nn.Module):
 
     def __init__(self, spec: RadioSpec, ctx: BuildContext) -> None:
         super().__init__()
-        self.norm1 = LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx.dtype)
+        self.norm1 = LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx)
         self.attention = RadioAttention(spec, ctx)
-        self.norm2 = LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx.dtype)
+        self.norm2 = LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx)
         self.mlp = RadioSwiGLUFFN(spec, ctx) if spec.use_swiglu_ffn else RadioMLP(spec, ctx)
         scale = spec.layer_scale
         self.layer_scale1 = RadioLayerScale(spec.hidden_size, ctx.dtype) if scale else None

@@ -5,6 +5,14 @@ Read as llama.cpp's loader reads it: the per-layer `{arch}.attention.head_count_
 when only the FFN length is 0, otherwise an FFN layer: a dense MLP in nemotron_h, a MoE in
 nemotron_h_moe, where llama.cpp builds every FFN layer as MoE). Fields a GGUF does not carry
 take GGUF_ABSENT_DEFAULTS, or the values of an optional config.json, which is cross-checked.
+
+A Puzzle GGUF (llama.cpp's converter writes NemotronHPuzzleForCausalLM as nemotron_h_moe) carries
+`{arch}.feed_forward_length`, `{arch}.expert_feed_forward_length` and `{arch}.expert_used_count`
+as per-layer arrays (0 where a layer has no MoE); the expert count, shared-expert length and
+latent size stay global. It is read into a nemotron_h_puzzle config whose block_configs hold
+each layer's own sizes (configs/puzzle.py resolves them into the same LayerSpecs as for the
+Puzzle safetensors release): a MoE layer's width and top-k, an attention layer's head counts,
+and a MoE layer without shared-expert tensors as n_shared_experts = 0.
 """
 
 from __future__ import annotations
@@ -15,12 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES, NemotronHConfig, parse_layer_kind
+from mobius_lite.configs.loader import load_text_config
+from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES, parse_layer_kind
+from mobius_lite.configs.puzzle import PUZZLE_MODEL_TYPE
 from mobius_lite.configs.values import decode_float
 from mobius_lite.enums import LayerKind
 from mobius_lite.errors import ConfigError
 
 ARCHITECTURES = ("nemotron_h", "nemotron_h_moe")
+PUZZLE_ARCHITECTURE = "NemotronHPuzzleForCausalLM"
+# Per-layer arrays that make a nemotron_h_moe file a Puzzle one (scalars in the other files).
+PUZZLE_PER_LAYER_KEYS = ("expert_feed_forward_length", "expert_used_count")
 
 # llama.cpp's hybrid converter writes this context length when the model has no RoPE
 # (GraniteHybridModel: `add_context_length(2**20)`); it is a placeholder, not the trained length.
@@ -131,6 +144,13 @@ def _moe_fields(meta: _Meta, ff: list[int], moe_layers: list[int]) -> dict[str, 
     out["moe_intermediate_size"] = (
         int(expert_ff) if expert_ff is not None else _uniform(ff, moe_layers, "feed_forward_length")
     )
+    out.update(_shared_and_routing(meta))
+    return out
+
+
+def _shared_and_routing(meta: _Meta) -> dict[str, Any]:
+    """The MoE fields every layer shares: shared expert, grouping, weights, latent size."""
+    out: dict[str, Any] = {}
     shared_ff = int(meta.get("expert_shared_feed_forward_length", 0) or 0)
     shared = meta.get("expert_shared_count")
     shared = int(shared) if shared is not None else (1 if shared_ff > 0 else 0)
@@ -150,6 +170,90 @@ def _moe_fields(meta: _Meta, ff: list[int], moe_layers: list[int]) -> dict[str, 
     latent = meta.get("moe_latent_size")
     out["moe_latent_size"] = int(latent) if latent else None
     return out
+
+
+def is_puzzle(metadata: Mapping[str, Any]) -> bool:
+    """A nemotron_h_moe file whose expert width or top-k is a per-layer array."""
+    arch = metadata.get("general.architecture")
+    return arch == "nemotron_h_moe" and any(
+        isinstance(metadata.get(f"{arch}.{key}"), list) for key in PUZZLE_PER_LAYER_KEYS
+    )
+
+
+def _puzzle_kinds(kv: list[int], ff: list[int], used: list[int]) -> list[LayerKind]:
+    """Recurrent when neither heads nor FFN, attention when only heads, MoE when the layer has
+    experts; an FFN width without experts can only be a dense MLP."""
+    kinds = []
+    for h, f, k in zip(kv, ff, used, strict=True):
+        if f == 0:
+            kinds.append(LayerKind.MAMBA if h == 0 else LayerKind.ATTENTION)
+        else:
+            kinds.append(LayerKind.MOE if k > 0 else LayerKind.MLP)
+    return kinds
+
+
+def _puzzle_blocks(
+    meta: _Meta,
+    kinds: list[LayerKind],
+    sizes: dict[str, list[int]],
+    shapes: Mapping[str, tuple[int, ...]] | None,
+    shared: int,
+) -> list[dict[str, Any]]:
+    """One block_configs entry per layer: its kind and the sizes that are its own."""
+    blocks: list[dict[str, Any]] = []
+    for i, kind in enumerate(kinds):
+        block: dict[str, Any] = {"block_type": _SPELLED[kind]}
+        if kind is LayerKind.ATTENTION:
+            block["num_attention_heads"] = sizes["heads"][i]
+            block["num_key_value_heads"] = sizes["kv"][i]
+        elif kind is LayerKind.MLP:
+            block["intermediate_size"] = sizes["ff"][i]
+        elif kind is LayerKind.MOE:
+            width, top_k = sizes["expert_ff"][i], sizes["used"][i]
+            if width <= 0:
+                raise ConfigError(
+                    f"{meta.arch}.expert_feed_forward_length[{i}]={width} but layer {i} uses "
+                    f"{top_k} experts (expert_used_count); a MoE layer needs its expert width"
+                )
+            block["moe_intermediate_size"] = width
+            block["num_experts_per_tok"] = top_k
+            if shared and shapes is not None and f"blk.{i}.ffn_up_shexp.weight" not in shapes:
+                block["n_shared_experts"] = 0  # this layer was pruned to no shared expert
+        blocks.append(block)
+    return blocks
+
+
+def _puzzle_fields(
+    meta: _Meta,
+    n_layer: int,
+    kv: list[int],
+    ff: list[int],
+    heads: list[int],
+    shapes: Mapping[str, tuple[int, ...]] | None,
+) -> tuple[list[LayerKind], dict[str, Any]]:
+    """(layer kinds, the Puzzle-specific config fields) of a Puzzle GGUF."""
+    used = meta.per_layer("expert_used_count", n_layer)
+    expert_ff = (
+        meta.per_layer("expert_feed_forward_length", n_layer)
+        if meta.get("expert_feed_forward_length") is not None
+        else ff
+    )
+    kinds = _puzzle_kinds(kv, ff, used)
+    out: dict[str, Any] = {
+        "model_type": PUZZLE_MODEL_TYPE,
+        "architectures": [PUZZLE_ARCHITECTURE],
+        "n_routed_experts": int(meta.require("expert_count")),
+    }
+    out.update(_shared_and_routing(meta))
+    sizes = {"heads": heads, "kv": kv, "ff": ff, "expert_ff": expert_ff, "used": used}
+    out["block_configs"] = _puzzle_blocks(meta, kinds, sizes, shapes, out["n_shared_experts"])
+    firsts = {k: next((i for i, x in enumerate(kinds) if x is k), None) for k in LayerKind}
+    if firsts[LayerKind.MOE] is not None:  # globals a MoE block inherits unless it overrides
+        out["moe_intermediate_size"] = expert_ff[firsts[LayerKind.MOE]]
+        out["num_experts_per_tok"] = used[firsts[LayerKind.MOE]]
+    if firsts[LayerKind.MLP] is not None:
+        out["intermediate_size"] = ff[firsts[LayerKind.MLP]]
+    return kinds, out
 
 
 def _from_tensors(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -176,7 +280,11 @@ def _gguf_fields(
     kv = meta.per_layer("attention.head_count_kv", n_layer)
     ff = meta.per_layer("feed_forward_length", n_layer)
     heads = meta.per_layer("attention.head_count", n_layer)
-    kinds = _layer_kinds(kv, ff, moe=arch == "nemotron_h_moe")
+    puzzle: dict[str, Any] = {}
+    if is_puzzle(metadata):
+        kinds, puzzle = _puzzle_fields(meta, n_layer, kv, ff, heads, tensor_shapes)
+    else:
+        kinds = _layer_kinds(kv, ff, moe=arch == "nemotron_h_moe")
     at = {k: [i for i, kind in enumerate(kinds) if kind is k] for k in LayerKind}
 
     out: dict[str, Any] = {
@@ -196,8 +304,9 @@ def _gguf_fields(
         out["vocab_size"] = len(tokens)  # llama.cpp's fallback: the token list's length
 
     if at[LayerKind.ATTENTION]:
-        out["num_attention_heads"] = _uniform(heads, at[LayerKind.ATTENTION], "head_count")
-        out["num_key_value_heads"] = _uniform(kv, at[LayerKind.ATTENTION], "head_count_kv")
+        first = at[LayerKind.ATTENTION][:1] if puzzle else at[LayerKind.ATTENTION]
+        out["num_attention_heads"] = _uniform(heads, first, "head_count")
+        out["num_key_value_heads"] = _uniform(kv, first, "head_count_kv")
         key_len, value_len = meta.get("attention.key_length"), meta.get("attention.value_length")
         if key_len is None or (value_len is not None and int(value_len) != int(key_len)):
             raise ConfigError(
@@ -218,10 +327,13 @@ def _gguf_fields(
         out["ssm_state_size"] = int(meta.require("ssm.state_size"))
         out["n_groups"] = int(meta.require("ssm.group_count"))
         out["conv_kernel"] = int(meta.require("ssm.conv_kernel"))
-    if at[LayerKind.MLP]:
-        out["intermediate_size"] = _uniform(ff, at[LayerKind.MLP], "feed_forward_length")
-    if at[LayerKind.MOE]:
-        out.update(_moe_fields(meta, ff, at[LayerKind.MOE]))
+    if puzzle:
+        out.update(puzzle)  # per-layer sizes live in its block_configs
+    else:
+        if at[LayerKind.MLP]:
+            out["intermediate_size"] = _uniform(ff, at[LayerKind.MLP], "feed_forward_length")
+        if at[LayerKind.MOE]:
+            out.update(_moe_fields(meta, ff, at[LayerKind.MOE]))
     for field, key in (
         ("bos_token_id", "tokenizer.ggml.bos_token_id"),
         ("eos_token_id", "tokenizer.ggml.eos_token_id"),
@@ -272,7 +384,7 @@ def _padded_vocab(gguf_vocab: int, config_vocab: Any) -> bool:
 
 def _cross_check(derived: dict[str, Any], given: dict[str, Any], vocab_from_list: bool) -> None:
     for field, value in derived.items():
-        if field not in given or field in ("model_type", "architectures"):
+        if field not in given or field in ("model_type", "architectures", "block_configs"):
             continue
         other = given[field]
         if field == "max_position_embeddings" and value == NO_ROPE_CONTEXT_LENGTH:
@@ -315,7 +427,9 @@ def config_from_gguf(
         # A separate `output` tensor: the exporter uses it whatever the flag says
         # (transformers 5.x writes tied configs with a separate lm_head).
         config.setdefault("tie_word_embeddings", False)
-    NemotronHConfig.from_dict(config)  # raises ConfigError naming the field if it cannot load
+    if config.get("model_type") == PUZZLE_MODEL_TYPE:
+        config.pop("layers_block_type", None)  # the layer list of a Puzzle config is its blocks
+    load_text_config(config)  # raises ConfigError naming the field if it cannot load
     return config
 
 

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mobius_lite.configs.loader import load_text_config
+from mobius_lite.configs.loader import decoder_type, load_text_config
+from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.nemotron_h import NemotronHConfig
-from mobius_lite.configs.puzzle import PUZZLE_MODEL_TYPE
+from mobius_lite.enums import Task
 from mobius_lite.errors import ConfigError
 
 OMNI_MODEL_TYPE = "nemotron_h_omni"
@@ -62,9 +63,7 @@ class OmniConfig:
             raise ConfigError("text_config (llm_config) is missing from the Omni config.json")
         text_raw = dict(text_raw)
         if "model_type" not in text_raw:
-            text_raw["model_type"] = (
-                PUZZLE_MODEL_TYPE if "block_configs" in text_raw else "nemotron_h"
-            )
+            text_raw["model_type"] = decoder_type(text_raw).name
         if not isinstance(config.get("vision_config"), Mapping):
             raise ConfigError("vision_config is missing from the Omni config.json")
         image = config.get("image_token_id")
@@ -82,3 +81,18 @@ class OmniConfig:
                     f"{name} {token} is outside the vocabulary [0, {text.vocab_size})"
                 )
         return cls(config, text, image, config.get("video_token_id"), audio)
+
+
+def _text_of(config: ModelConfig) -> NemotronHConfig:
+    assert isinstance(config, OmniConfig)
+    return config.text
+
+
+NEMOTRON_H_OMNI = ModelType(
+    name=OMNI_MODEL_TYPE,
+    read_config=OmniConfig.from_dict,
+    task=Task.IMAGE_TEXT_TO_TEXT,
+    reference="mobius_lite.evaluation.qualify_omni:omni_reference_model",
+    reference_name="transformers",
+    decoder=_text_of,
+)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind, Precision
 from mobius_lite.graphs.decoder import build_decoder
@@ -62,7 +63,7 @@ def _wanted_taps(
     that graph's nodes as (name, op type) without the hidden-state Identity outputs."""
     built, _ = build_decoder(
         config,
-        precision,
+        BuildContext.dense(precision),
         hidden_state_outputs=True,
         logits_from_embeddings=logits_from_embeddings,
     )

@@ -25,6 +25,7 @@ from mobius_lite.models.nemotron_h_names import (
     STACKED_EXPERTS,
     expert_names,
 )
+from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.sources.config_json import read_config_json
 
 # Puzzle / hub fields that the transformers NemotronHConfig must not see.
@@ -192,8 +193,6 @@ def load_puzzle_weights(model: Any, source: Any, raw: dict[str, Any], dtype: Any
 
 def puzzle_reference_model(checkpoint_dir: str | Path) -> Any:
     """The torch FP32 reference for a Puzzle checkpoint directory, weights loaded, eval mode."""
-    from mobius_lite.sources import SafetensorsCheckpoint
-
     raw = read_config_json(checkpoint_dir)
     NemotronHPuzzleConfig.from_dict(raw)  # same config errors, raised before any tensor is read
     model = build_puzzle_reference(raw, device="meta")

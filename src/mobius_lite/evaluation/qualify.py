@@ -26,7 +26,9 @@ import onnx
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.loader import load_text_config
+from mobius_lite.configs.model_types import MODEL_TYPES, model_type_of
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE
+from mobius_lite.enums import Task
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.instrument import (
@@ -312,7 +314,7 @@ def _reference_run(
             ids = np.array([[int(np.argmax(out["logits"][0, -1]))]], dtype=np.int64)
         runner.close()
         del model, runner
-    facts = {"implementation": "transformers" if model_type != "nemotron_h_puzzle" else "puzzle"}
+    facts = {"implementation": MODEL_TYPES[model_type].reference_name}
     facts["torch_flags"] = pinned
     return arrays, facts
 
@@ -352,7 +354,7 @@ def qualify(
     if output is not None and out_dir.exists() and any(out_dir.iterdir()):
         raise PackageError(f"{out_dir} exists and is not empty; choose another --output")
     raw = read_config_json(package_dir)
-    if raw.get("model_type") == OMNI_MODEL_TYPE:
+    if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:  # media graphs: their own runs
         return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
     config = load_text_config(raw)
     source_raw = read_config_json(source_dir)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.configs.omni import OmniConfig
+from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.scoring import FAIL, Verdict
@@ -88,18 +88,29 @@ def _prompt(config: OmniConfig, image_tokens: int, seed: int) -> np.ndarray:
     return np.array([text[:4] + [config.image_token_id] * image_tokens + text[4:]], np.int64)
 
 
+def omni_reference_model(source_dir: Path) -> Any:
+    """The Omni checkpoint in transformers (eager attention): the qualify reference."""
+    import torch
+    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3,
+    )
+
+    return NemotronH_Omni_Reasoning_V3.from_pretrained(
+        str(source_dir), dtype=torch.float32, attn_implementation="eager"
+    )
+
+
 def omni_runs(
     package_dir: Path, source_dir: Path, steps: int, providers: list[str], say: Any
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str], dict[str, Any]]:
     """Both sides' arrays (by step/name), the step names, and facts (EVS masks equal)."""
     import torch
     from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
-        NemotronH_Omni_Reasoning_V3,
         compute_retention_mask,
     )
 
     from mobius_lite.evaluation.cache_layout import reference_cache_arrays
-    from mobius_lite.evaluation.reference import pinned_torch
+    from mobius_lite.evaluation.reference import load_reference, pinned_torch
     from mobius_lite.omni_runtime import Media, OmniSession
 
     session = OmniSession(package_dir, providers)
@@ -111,9 +122,7 @@ def omni_runs(
     facts: dict[str, Any] = {}
     say("running the reference (transformers, torch FP32) and the package side by side")
     with pinned_torch():
-        model = NemotronH_Omni_Reasoning_V3.from_pretrained(
-            str(source_dir), dtype=torch.float32, attn_implementation="eager"
-        ).eval()
+        model = load_reference(source_dir, OMNI_MODEL_TYPE)
         t = {k: torch.from_numpy(v) for k, v in media.items()}
         image_features = session._run(
             GraphRole.VISION_ENCODER,

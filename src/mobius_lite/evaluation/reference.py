@@ -15,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import LayerKind
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.cache_layout import reference_cache_arrays
-
-PUZZLE_MODEL_TYPE = "nemotron_h_puzzle"
 
 
 def _precision_knobs(torch: Any) -> list[tuple[Any, str]]:
@@ -95,29 +94,32 @@ def pinned_torch() -> Iterator[dict[str, Any]]:
             torch.backends.cudnn.allow_tf32 = cudnn_tf32
 
 
-def load_reference(source: str | Path, model_type: str) -> Any:
-    """The source checkpoint as a torch FP32 module in eval mode (eager attention and experts)."""
+def transformers_reference(source: Path) -> Any:
+    """A Nemotron-H checkpoint in transformers (eager attention and experts)."""
     import torch
+    from transformers import AutoModelForCausalLM
 
-    if model_type == PUZZLE_MODEL_TYPE:
-        try:
-            from mobius_lite.evaluation.puzzle_reference import puzzle_reference_model
-        except ImportError as exc:
-            raise ConfigError(
-                f"no reference implementation for model_type {model_type!r} is available "
-                f"({exc}); qualification needs one"
-            ) from None
-        model = puzzle_reference_model(Path(source))
-    else:
-        from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(
+        str(source),
+        dtype=torch.float32,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    )
 
-        model = AutoModelForCausalLM.from_pretrained(
-            str(source),
-            dtype=torch.float32,
-            attn_implementation="eager",
-            experts_implementation="eager",
-        )
-    return model.float().eval()
+
+def load_reference(source: str | Path, model_type: str) -> Any:
+    """The source checkpoint as a torch FP32 module in eval mode, loaded by its model type's
+    qualify reference (configs/model_types.py)."""
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"no reference implementation for model_type {model_type!r}")
+    try:
+        loader = MODEL_TYPES[model_type].qualify_reference()
+    except ImportError as exc:
+        raise ConfigError(
+            f"no reference implementation for model_type {model_type!r} is available "
+            f"({exc}); qualification needs one"
+        ) from None
+    return loader(Path(source)).float().eval()
 
 
 def _blocks(model: Any) -> Sequence[Any]:

@@ -5,28 +5,32 @@ schema). The packed formats' kernels (formats/ggml, formats/modelopt) and the Ma
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import onnx_ir as ir
 from onnxscript import OpBuilder
+
+from mobius_lite.enums import Backend
 
 CONTRIB_DOMAIN = "com.microsoft"
 CONTRIB_OPSET = 1
 
 
-def is_ort(backend: Any) -> bool:
-    """Whether `backend` (components.context.Backend, or its value) is onnxruntime's own ops."""
-    return str(getattr(backend, "value", backend)).lower() == "ort"
+def is_ort(backend: Backend) -> bool:
+    """Whether `backend` is onnxruntime's own ops (its com.microsoft kernels)."""
+    return backend is Backend.ORT
 
 
-def contrib_op(op: OpBuilder) -> dict[str, Any]:
+def contrib_op(op: OpBuilder) -> dict[str, str | int]:
     """Keyword arguments that make an op builder call emit the com.microsoft operator of that
     name; declares the domain on the model (idempotent)."""
     op.builder.root.graph.opset_imports.setdefault(CONTRIB_DOMAIN, CONTRIB_OPSET)
     return {"_domain": CONTRIB_DOMAIN, "_version": CONTRIB_OPSET}
 
 
-def typed(value: ir.Value, dtype: ir.DataType, shape: list[Any] | None = None) -> ir.Value:
+def typed(
+    value: ir.Value, dtype: ir.DataType, shape: Sequence[int | str | None] | None = None
+) -> ir.Value:
     """Give a contrib op's output its element type and shape where the builder left them
     unknown (later casts read the type)."""
     if value.dtype is None:

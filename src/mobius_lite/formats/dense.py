@@ -9,13 +9,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx_ir as ir
 
+from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
+from mobius_lite.formats.weight import WeightFormat
+
+
+class _SameShape:
+    """A conversion of whole elements or blocks in place: one initializer, shape kept."""
+
+    @property
+    def part(self) -> str | None:
+        return None
+
+    def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        return stored
 
 
 @dataclass(frozen=True)
-class Verbatim:
+class Verbatim(_SameShape):
     """Bytes copied unchanged."""
 
     unit_bytes: int
@@ -33,7 +47,7 @@ class Verbatim:
 
 
 @dataclass(frozen=True)
-class Cast:
+class Cast(_SameShape):
     """An element-type conversion with round-to-nearest-even."""
 
     source: np.dtype
@@ -84,6 +98,12 @@ class DenseStorage:
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
         return int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def weight_format(
+        self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
+    ) -> WeightFormat | None:
+        """None: a dense tensor feeds a dense weight (cast to the activation precision)."""
+        return None
 
     def conversion_to(self, target: Storage) -> Conversion:
         if not isinstance(target, DenseStorage):

@@ -12,6 +12,10 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+import onnx_ir as ir
+
+from mobius_lite.enums import Backend
+from mobius_lite.formats.weight import WeightFormat
 
 Bytes = bytes | memoryview
 
@@ -25,6 +29,17 @@ class Conversion(Protocol):
     @property
     def verbatim(self) -> bool:
         """True when the written bytes are the source bytes."""
+        ...
+
+    @property
+    def part(self) -> str | None:
+        """Which initializer of a multi-part re-layout it writes (one source tensor feeding
+        several initializers), or None."""
+        ...
+
+    def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of a tensor stored as `stored` once converted (packed rows decoded to
+        elements, a re-layout part's own shape); `stored` when the conversion keeps it."""
         ...
 
     def convert(self, raw: Bytes) -> Bytes:
@@ -50,4 +65,12 @@ class Storage(Protocol):
     @property
     def numpy_dtype(self) -> np.dtype:
         """The element type its bytes are viewed as (uint8 for packed blocks)."""
+        ...
+
+    def weight_format(
+        self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
+    ) -> WeightFormat | None:
+        """The format a weight slot of logical `shape` (stacked: experts along a new leading
+        axis) fed by this tensor computes with in activation `dtype` on `backend`; None for a
+        plain dense weight."""
         ...

@@ -4,11 +4,14 @@ first member, dense float weights.
 A layer (Linear, Embedding, the experts) never branches on formats: it declares a weight slot
 and asks the slot's format to create the parameters and to emit the math. Packed formats
 (GGUF blocks, NVFP4, FP8) implement the same three methods with their own parameters and
-decode.
+decode, and say whether they move onto onnxruntime's fused CPU kernels (`--activations`):
+`on_exact_layout` for a linear's MatMulNBits, `on_fused_experts` for a QMoE operand
+(`FusedExperts`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,6 +44,55 @@ class WeightFormat(Protocol):
         activation precision."""
         ...
 
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        """This weight's matmul on onnxruntime's MatMulNBits over an exact re-layout of its
+        codes at `accuracy_level` (0: f32 activations, 4: int8; `--activations`), or why there
+        is none (a sentence naming the format)."""
+        ...
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        """This stacked expert slot as the fused experts kernel's "fc1" (up) or "fc2" (down)
+        operand, exact unless `int8` allows int8 activations, or why it cannot be one (a
+        sentence naming the format)."""
+        ...
+
+
+class FusedExperts(WeightFormat, Protocol):
+    """A stacked expert slot as one operand of onnxruntime's fused QMoE kernel: its math runs
+    inside the experts' one QMoE node (components/moe_fused.py), not through matmul / select."""
+
+    @property
+    def bits(self) -> int:
+        """The operand's code width (QMoE's fc1 / fc2 expert_weight_bits)."""
+        ...
+
+    @property
+    def block_size(self) -> int:
+        """Elements per scale block along K."""
+        ...
+
+    @property
+    def stored_type(self) -> str:
+        """The name of the stored block type (for the build's lines)."""
+        ...
+
+    @property
+    def exact(self) -> WeightFormat:
+        """The slot's format on the exact route, should the layer fall back to it."""
+        ...
+
+    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """(weights, scales, zero points or None): QMoE's fc1 / fc2 inputs."""
+        ...
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
+        """This fc1 and `down` (fc2) together: package bytes over the stored experts' bytes."""
+        ...
+
+
+# (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
+WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
+
 
 @dataclass(frozen=True)
 class DenseWeight:
@@ -67,6 +119,12 @@ class DenseWeight:
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         return op.Gather(params[""], indices, axis=0)
 
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return self  # a dense float matmul is exact already
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return "dense experts take the fused MoE kernel as they are, not a QMoE layout"
+
 
 def gemm_transposed(
     op: OpBuilder, x: ir.Value, weight: ir.Value, bias: ir.Value | None = None
@@ -75,3 +133,69 @@ def gemm_transposed(
     if bias is not None:
         return op.Gemm(x, weight, bias, transB=1)
     return op.Gemm(x, weight, transB=1)
+
+
+# The parameter beside a weight slot that holds its output scale: "<slot>_output_scale".
+OUTPUT_SCALE = "_output_scale"
+FLOAT = ir.DataType.FLOAT
+
+
+@dataclass(frozen=True)
+class OutputScaled:
+    """A weight whose products are multiplied by a stored FP32 scale: one value ([1]) for a
+    matrix, one per slice ([E]) for stacked experts. `inner` is the weight's own format, built
+    for FLOAT activations: the unscaled product of a 16-bit graph can leave the 16-bit range
+    (an NVFP4 weight without its scale is ~1 / scale times too large), so the scaled linear
+    computes in FP32 and rounds once.
+
+    matmul: (x @ W^T) * s (+ bias), as llama.cpp applies a `.scale` tensor; select (rows of
+    stacked experts): W[i] * s[i], the same product for the experts' matmuls that follow.
+    """
+
+    inner: WeightFormat
+    dtype: ir.DataType  # the activation precision
+    stacked: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} x output scale"
+
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        scales = shape[0] if self.stacked else 1
+        return {
+            **self.inner.parameters(shape),
+            OUTPUT_SCALE: nn.Parameter([scales], dtype=FLOAT),
+        }
+
+    def _inner_params(self, params: dict[str, ir.Value]) -> dict[str, ir.Value]:
+        return {k: v for k, v in params.items() if k != OUTPUT_SCALE}
+
+    def _to_dtype(self, op: OpBuilder, value: ir.Value) -> ir.Value:
+        return value if self.dtype == FLOAT else op.Cast(value, to=self.dtype)
+
+    def matmul(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        params: dict[str, ir.Value],
+        bias: ir.Value | None = None,
+    ) -> ir.Value:
+        wide = x if self.dtype == FLOAT else op.Cast(x, to=FLOAT)
+        y = self.inner.matmul(op, wide, self._inner_params(params))
+        y = self._to_dtype(op, op.Mul(y, params[OUTPUT_SCALE]))
+        return y if bias is None else op.Add(y, bias)
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
+        rows = self.inner.select(op, self._inner_params(params), indices)
+        if self.stacked:
+            scale = op.Gather(params[OUTPUT_SCALE], indices, axis=0)
+            scale = op.Unsqueeze(scale, op.Constant(value_ints=[-1, -2]))
+        else:
+            scale = params[OUTPUT_SCALE]
+        return self._to_dtype(op, op.Mul(rows, scale))
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name} weights have no exact MatMulNBits layout"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return f"{self.name} experts have no QMoE layout"

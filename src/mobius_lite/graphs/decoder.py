@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import onnx_ir as ir
 from onnxscript import GraphBuilder
 
-from mobius_lite.components.context import (
-    Activations,
-    Backend,
-    BuildContext,
-    WeightFormatResolver,
-    apply_weight_formats,
-)
+from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Precision
-from mobius_lite.formats.weight import WeightFormat
 from mobius_lite.graphs.builder import graph_value, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
@@ -36,31 +26,26 @@ def logits_to_keep_input() -> ir.Value:
 
 def build_decoder(
     config: NemotronHConfig,
-    precision: Precision | str = Precision.F32,
+    ctx: BuildContext | None = None,
     *,
     inputs_embeds: bool = False,
     hidden_state_outputs: bool = False,
     logits_from_embeddings: bool = False,
-    weight_formats: Mapping[str, WeightFormat] | WeightFormatResolver | None = None,
-    backend: Backend = Backend.STANDARD,
-    mamba_a: str = "A_log",
-    activations: Activations = Activations.EXACT,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
+    `ctx` gives the activation precision, the weight formats by checkpoint name (dense when
+    absent), the backend, how the source stores Mamba's A and the activation mode of the fused
+    CPU kernels (enums.Activations); default: dense FP32.
     inputs_embeds=True makes a decoder that takes embeddings instead of ids (a runtime chains
     an embedding graph before it). hidden_state_outputs=True adds hidden_states.{i} outputs
     (per-layer block outputs in the model dtype, rows flattened to [batch * sequence, hidden]) for
     qualification; other outputs are unchanged. logits_from_embeddings: the logits weight is
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
-    source). weight_formats maps (or resolves) checkpoint weight names to their storage format
-    (dense in `precision` when absent); mamba_a says whether the source stores Mamba's A_log
-    (transformers) or A itself (GGUF). activations: the CPU kernel mode (components.context.
-    Activations; EXACT keeps today's routes).
+    source).
     """
-    precision = Precision.parse(precision)
-    dtype = precision.ir_dtype
-    ctx = BuildContext(dtype, weight_formats or {}, backend, mamba_a, Activations(activations))
+    ctx = ctx or BuildContext.dense()
+    dtype = ctx.dtype
     module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
     apply_weight_formats(module, ctx)
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript import GraphBuilder, OpBuilder, nn
 
-from mobius_lite.components.context import BuildContext
+from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.components.linear import Embedding
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Precision
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH
 
@@ -56,20 +55,22 @@ class _EmbeddingModel(nn.Module):
 
 def build_embedding_graph(
     config: NemotronHConfig,
-    precision: Precision | str = Precision.F32,
+    ctx: BuildContext | None = None,
     media: dict[str, int] | None = None,
 ) -> ir.Model:
     """input_ids int64 [batch, sequence] (+ one [n, hidden] input per entry of `media`:
-    input name -> placeholder token id) -> inputs_embeds [batch, sequence, hidden]."""
-    precision = Precision.parse(precision)
-    module = _EmbeddingModel(config, BuildContext(precision.ir_dtype))
+    input name -> placeholder token id) -> inputs_embeds [batch, sequence, hidden], in the
+    context's precision (default: dense FP32)."""
+    ctx = ctx or BuildContext.dense()
+    module = _EmbeddingModel(config, ctx)
+    apply_weight_formats(module, ctx)
     ids = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
     features = [
-        (graph_value(name, precision.ir_dtype, (f"{name}_rows", config.hidden_size)), token)
+        (graph_value(name, ctx.dtype, (f"{name}_rows", config.hidden_size)), token)
         for name, token in (media or {}).items()
     ]
     graph = new_graph("embedding", [ids, *(f for f, _ in features)])
     embeds = module(GraphBuilder(graph).op, ids, features)
     shape = [BATCH, "sequence", config.hidden_size]
-    graph.outputs.append(name_output(embeds, "inputs_embeds", precision.ir_dtype, shape))
+    graph.outputs.append(name_output(embeds, "inputs_embeds", ctx.dtype, shape))
     return to_model(graph)

@@ -1,7 +1,8 @@
 """The Omni media graphs and their I/O contract (docs/omni.md): images, videos, audio.
 
 Weights are not bound here: initializers carry the checkpoint's names (models/omni_names.py
-maps them to the released layout) and no data.
+maps them to the released layout) and no data. Each builder takes the tower's BuildContext
+(precision, weight formats, backend; default: dense FP32).
 """
 
 from __future__ import annotations
@@ -10,22 +11,12 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder, nn
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
-from mobius_lite.enums import Precision
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.models.omni_audio import OmniAudioConfig, OmniAudioModel
 from mobius_lite.models.omni_vision import OmniVisionConfig, OmniVisionModel
 
 FLOAT = ir.DataType.FLOAT
 INT64 = ir.DataType.INT64
-
-
-def context_for(dtype: ir.DataType | Precision | str, ctx: BuildContext | None) -> BuildContext:
-    """`ctx` as given, or a dense one in `dtype`."""
-    if ctx is not None:
-        return ctx
-    if not isinstance(dtype, ir.DataType):
-        dtype = Precision.parse(dtype).ir_dtype
-    return BuildContext(dtype)
 
 
 def _formatted(module: nn.Module, ctx: BuildContext) -> nn.Module:
@@ -35,12 +26,10 @@ def _formatted(module: nn.Module, ctx: BuildContext) -> nn.Module:
 
 def build_vision_graph(
     config: OmniVisionConfig,
-    dtype: ir.DataType | Precision | str = FLOAT,
-    *,
     ctx: BuildContext | None = None,
 ) -> ir.Model:
     """pixel_values [total_patches, 3 p p] + image_grid_hw [images, 2] -> image_features."""
-    ctx = context_for(dtype, ctx)
+    ctx = ctx or BuildContext.dense()
     module = _formatted(OmniVisionModel(config, ctx), ctx)
     pixels = graph_value("pixel_values", FLOAT, ["total_patches", config.radio.patch_dim])
     grid = graph_value("image_grid_hw", INT64, ["num_images", 2])
@@ -53,13 +42,11 @@ def build_vision_graph(
 
 def build_video_graph(
     config: OmniVisionConfig,
-    dtype: ir.DataType | Precision | str = FLOAT,
-    *,
     ctx: BuildContext | None = None,
 ) -> ir.Model:
     """pixel_values_videos [videos, tubelets, tp C, H, W] -> video_features + the EVS mask
     (same initializer names as the image graph, plus video_patch_projection)."""
-    ctx = context_for(dtype, ctx)
+    ctx = ctx or BuildContext.dense()
     spec = config.radio
     if spec.video_temporal_patch_size is None:
         raise ValueError("the video graph needs vision_config.video_temporal_patch_size")
@@ -85,13 +72,11 @@ def build_video_graph(
 
 def build_audio_graph(
     config: OmniAudioConfig,
-    dtype: ir.DataType | Precision | str = FLOAT,
-    *,
     ctx: BuildContext | None = None,
 ) -> ir.Model:
     """input_features [clips, frames, mel] + input_features_mask [clips, frames] ->
     audio_features (every clip's kept tokens, clip after clip)."""
-    ctx = context_for(dtype, ctx)
+    ctx = ctx or BuildContext.dense()
     module = _formatted(OmniAudioModel(config, ctx), ctx)
     features = graph_value(
         "input_features", FLOAT, ["clips", "frames", config.encoder.num_mel_bins]

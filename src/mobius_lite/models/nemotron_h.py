@@ -37,7 +37,7 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         hidden = config.hidden_size
-        self.norm = RMSNorm(hidden, config.layer_norm_epsilon, ctx.dtype)
+        self.norm = RMSNorm(hidden, config.layer_norm_epsilon, ctx)
         if layer.kind is LayerKind.MAMBA:
             self.mixer = Mamba2Mixer(layer.mamba, hidden, ctx)
         elif layer.kind is LayerKind.ATTENTION:
@@ -70,7 +70,7 @@ class NemotronHModel(nn.Module):
         self.hidden_size = config.hidden_size
         self.embeddings = Embedding(config.vocab_size, config.hidden_size, ctx)
         self.layers = nn.ModuleList([Block(layer, config, ctx) for layer in config.layers])
-        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon, ctx.dtype)
+        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon, ctx)
 
     def forward(
         self, op: OpBuilder, tokens: ir.Value, step: StepInputs

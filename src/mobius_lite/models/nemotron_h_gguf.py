@@ -38,8 +38,11 @@ from mobius_lite.formats.ggml.relayout_part import ExactRelayoutPart, split_suff
 from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.storage import Conversion
+from mobius_lite.formats.weight import OUTPUT_SCALE
+from mobius_lite.models.nemotron_h_gguf_scales import output_scales, sidecar_kind
 from mobius_lite.models.nemotron_h_names import SourceLayout
 from mobius_lite.sources.base import TensorInfo
+from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from mobius_lite.sources.names import Candidate, SourceRef
 
 ARCHITECTURES = ("nemotron_h", "nemotron_h_moe")
@@ -208,8 +211,9 @@ def map_tensor(
     )
 
 
-def nemotron_h_gguf_mapping(checkpoint: Any) -> list[GGUFTensorMapping]:
-    """Map every tensor of a GGUFCheckpoint; one CheckpointError lists all unknown tensors."""
+def nemotron_h_gguf_mapping(checkpoint: GGUFCheckpoint) -> list[GGUFTensorMapping]:
+    """Map every tensor of a GGUFCheckpoint but the `.scale` / `.input_scale` sidecars (see
+    nemotron_h_gguf_scales); one CheckpointError lists all unknown tensors."""
     metadata = checkpoint.metadata
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -220,6 +224,8 @@ def nemotron_h_gguf_mapping(checkpoint: Any) -> list[GGUFTensorMapping]:
     mappings: list[GGUFTensorMapping] = []
     unknown: list[str] = []
     for name in checkpoint.names():
+        if sidecar_kind(name):
+            continue
         mapping = map_tensor(name, tuple(checkpoint.logical_shape(name)), metadata)
         if mapping is None:
             unknown.append(name)
@@ -280,12 +286,21 @@ def _then(first: Layout, second: Layout) -> Layout:
 
 
 class GGUFNames:
-    """The NameMap of a Nemotron-H GGUF: graph parameter -> its GGUF tensor (see module doc)."""
+    """The NameMap of a Nemotron-H GGUF: graph parameter -> its GGUF tensor (see module doc);
+    a weight's `<parameter>_output_scale` -> its `.scale` tensor (`scales`: weight GGUF name
+    -> scale GGUF name)."""
 
-    def __init__(self, mappings: list[GGUFTensorMapping]) -> None:
+    def __init__(
+        self, mappings: list[GGUFTensorMapping], scales: dict[str, str] | None = None
+    ) -> None:
         self._by_parameter = {graph_parameter(m): m for m in mappings}
+        self._scales = scales or {}
 
     def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
+        if target.endswith(OUTPUT_SCALE):
+            weight = self._by_parameter.get(target.removesuffix(OUTPUT_SCALE))
+            scale = self._scales.get(weight.gguf_name) if weight is not None else None
+            return [] if scale is None else [(scale,)]
         part, kind = None, None
         for suffix, name in NBITS_PARTS.items():
             if target.endswith(suffix):
@@ -305,7 +320,8 @@ class GGUFNames:
         return [SourceRef((mapping.gguf_name,), reshape=reshape, layout=layout)]
 
 
-def gguf_source_layout(source: Any) -> SourceLayout:
-    """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map, and A stored
-    as A = -exp(A_log)."""
-    return SourceLayout(names=GGUFNames(nemotron_h_gguf_mapping(source)), mamba_a="A")
+def gguf_source_layout(source: GGUFCheckpoint) -> SourceLayout:
+    """How a GGUFCheckpoint names and stores Nemotron-H's tensors: its name map (with the
+    weights' output scales), and A stored as A = -exp(A_log)."""
+    names = GGUFNames(nemotron_h_gguf_mapping(source), output_scales(source))
+    return SourceLayout(names=names, mamba_a="A")

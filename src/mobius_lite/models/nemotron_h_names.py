@@ -90,12 +90,8 @@ class SourceLayout:
         )
 
 
-def source_layout(kind: str, source: TensorSource) -> SourceLayout:
-    """The name map and conventions of a source kind (see sources/open.py)."""
-    if kind == "gguf":
-        from mobius_lite.models.nemotron_h_gguf import gguf_source_layout
-
-        return gguf_source_layout(source)
+def safetensors_source_layout(source: TensorSource) -> SourceLayout:
+    """How safetensors checkpoints (and state dicts) name and store Nemotron-H's tensors."""
     return SourceLayout(SafetensorsNames())
 
 

@@ -92,7 +92,7 @@ class OmniVisionModel(nn.Module):
         f = config.downsample_factor
         self.vision_model = RadioModel(spec, ctx)
         self.vision_final_layernorm = (
-            LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx.dtype)
+            LayerNorm(spec.hidden_size, spec.layer_norm_eps, ctx)
             if config.final_layernorm
             else None
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import ml_dtypes
@@ -46,10 +47,18 @@ class TensorInfo:
 
 
 class TensorSource(Protocol):
-    """A checkpoint seen as named tensors; `read` returns a (possibly memory-mapped) array."""
+    """A checkpoint seen as named tensors; `read` returns a (possibly memory-mapped) array.
+    `kind` names its source kind (source_kinds.py: the name map and conventions it takes)."""
+
+    kind: str
 
     def names(self) -> list[str]: ...
 
     def info(self, name: str) -> TensorInfo: ...
 
     def read(self, name: str) -> np.ndarray: ...
+
+    def byte_range(self, name: str) -> tuple[Path, int, int] | None:
+        """(file, absolute offset, length) of a tensor's stored bytes, so the writer can
+        pread them; None for a source that is not a file (read() is sliced instead)."""
+        ...

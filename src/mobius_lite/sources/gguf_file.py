@@ -22,6 +22,8 @@ from mobius_lite.formats.ggml.storage import GGMLStorage
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGML_TYPES_BY_ID, GGMLType
 from mobius_lite.sources.base import TensorInfo
 
+GGUF = "gguf"  # the source kind
+GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
@@ -39,6 +41,11 @@ def _type_label(type_id: int) -> str:
         return GGMLQuantizationType(type_id).name
     except ValueError:
         return f"unknown type id {type_id}"
+
+
+def is_gguf(model: str | Path) -> bool:
+    """Whether the user named a GGUF file (by its suffix)."""
+    return str(model).lower().endswith(GGUF_SUFFIX)
 
 
 class _CheckedReader(GGUFReader):
@@ -139,6 +146,8 @@ class GGUFCheckpoint:
     GGMLStorage (their ggml type); F32 / F16 / BF16 keep their float dtype (dense storage).
     `logical_shape` is the element shape in numpy order.
     """
+
+    kind = GGUF
 
     def __init__(self, path: str | Path) -> None:
         path = Path(path)

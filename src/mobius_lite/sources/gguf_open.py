@@ -19,7 +19,7 @@ from typing import Any
 from mobius_lite.errors import ConfigError
 from mobius_lite.registry import resolve_revision
 from mobius_lite.sources.config_json import read_config_json
-from mobius_lite.sources.gguf_file import SPLIT_NAME, GGUFCheckpoint
+from mobius_lite.sources.gguf_file import GGUF, SPLIT_NAME, GGUFCheckpoint
 from mobius_lite.sources.gguf_tokenizer import gguf_tokenizer_files
 from mobius_lite.sources.hub import (
     HubError,
@@ -30,9 +30,18 @@ from mobius_lite.sources.hub import (
     hub_offline,
     is_hub_id,
 )
+from mobius_lite.sources.open import OpenedCheckpoint
 
-GGUF = "gguf"
 TOKENIZER_KEY = "tokenizer.ggml.tokens"
+# llama.cpp's `.input_scale` sidecars: activation scales for 4-bit activations, which its own
+# graphs read but do not use. Which weights may carry one is the model's check
+# (models/nemotron_h_gguf_scales.py); the export is weight-only.
+UNUSED_RULES = {
+    r"^(blk\.\d+\.[a-z_]+|output)\.input_scale$": (
+        "activation scale for 4-bit activations (llama.cpp reads it, no graph uses it); "
+        "this export computes weight-only"
+    )
+}
 
 # (checkpoint, config.json dict or None) -> config dict: configs/gguf_metadata.py's
 # config_from_checkpoint, handed in by the caller (configs sit above sources).
@@ -114,12 +123,10 @@ def open_gguf(
     revision: str | None = None,
     gguf_file: str | None = None,
     config_json: str | Path | None = None,
-) -> Any:
+) -> OpenedCheckpoint:
     """An OpenedCheckpoint of kind "gguf": config (by `read_config` from the metadata and the
     optional config.json), tokenizer.json + tokenizer_config.json and a lazy GGUFCheckpoint,
     all from the file's headers."""
-    from mobius_lite.sources.open import OpenedCheckpoint
-
     resolved = resolve_gguf(model, revision, gguf_file)
     checkpoint = GGUFCheckpoint(resolved.path)  # unknown types / truncation raise here
     given = read_config_json(config_json) if config_json is not None else None
@@ -127,4 +134,6 @@ def open_gguf(
     extras: dict[str, Path | bytes] = {}
     if checkpoint.metadata.get(TOKENIZER_KEY):
         extras.update(gguf_tokenizer_files(checkpoint.metadata))
-    return OpenedCheckpoint(GGUF, raw, resolved, extras, open_tensors=GGUFCheckpoint)
+    return OpenedCheckpoint(
+        GGUF, raw, resolved, extras, open_tensors=GGUFCheckpoint, unused_rules=UNUSED_RULES
+    )

@@ -23,8 +23,13 @@ def to_numpy(tensor: Any) -> np.ndarray:
     return t.numpy()
 
 
+MEMORY = "memory"
+
+
 class MemorySource:
     """Named in-memory tensors (numpy or torch), converted to numpy on read."""
+
+    kind = MEMORY
 
     def __init__(self, tensors: Mapping[str, Any]) -> None:
         self._tensors = dict(tensors)
@@ -44,3 +49,7 @@ class MemorySource:
 
     def read(self, name: str) -> np.ndarray:
         return to_numpy(self._tensors[name])
+
+    def byte_range(self, name: str) -> None:
+        """None: in memory, not in a file."""
+        return None

@@ -30,9 +30,10 @@ from mobius_lite.formats.modelopt.quant_config import (
 from mobius_lite.formats.modelopt.storage import e4m3_scales, fp8_weights, nvfp4_codes
 from mobius_lite.formats.storage import Storage
 from mobius_lite.sources.base import TensorInfo
-from mobius_lite.sources.open import MODELOPT, OpenedCheckpoint
+from mobius_lite.sources.open import OpenedCheckpoint
 from mobius_lite.sources.safetensors_files import SafetensorsCheckpoint
 
+MODELOPT = "modelopt"  # the source kind
 WEIGHT = ".weight"
 # tensor suffixes that only exist beside a quantized linear (longest first)
 COMPANIONS = (".weight_scale_2", ".weight_scale", ".input_scale", ".k_scale", ".v_scale")
@@ -42,6 +43,14 @@ UNUSED_RULES = {
     r"\.[kv]_scale$": "ModelOpt KV-cache scale: the export is weight-only, the KV cache stays "
     "in the build's precision",
 }
+
+
+def is_modelopt(raw_config: dict[str, Any], directory: Path) -> bool:
+    """config.json's quantization_config says quant_method "modelopt", or the directory has
+    ModelOpt's hf_quant_config.json."""
+    quant = raw_config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    return method == MODELOPT or (directory / HF_QUANT_CONFIG).is_file()
 
 
 def open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
@@ -110,6 +119,8 @@ def _logical_shape(source: SafetensorsCheckpoint, names: set[str], module: str) 
 class ModelOptCheckpoint:
     """A ModelOpt safetensors checkpoint: SafetensorsCheckpoint's index and bytes, with NVFP4
     codes, their block scales and FP8 weights described by their ModelOpt storage."""
+
+    kind = MODELOPT
 
     def __init__(self, path: str | Path, quantization: ModelOptQuantization) -> None:
         self.inner = SafetensorsCheckpoint(path)

@@ -16,6 +16,7 @@ import numpy as np
 from mobius_lite.errors import CheckpointError
 from mobius_lite.sources.base import SAFETENSORS_DTYPES, TensorInfo
 
+SAFETENSORS = "safetensors"  # the source kind
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -106,6 +107,8 @@ class SafetensorsCheckpoint:
                         f"tensor {name} appears in both {self._entries[name].path} and {file}"
                     )
                 self._entries[name] = entry
+
+    kind = SAFETENSORS
 
     def names(self) -> list[str]:
         return list(self._entries)

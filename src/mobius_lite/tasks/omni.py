@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 
 import onnx_ir as ir
 
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs.omni import OmniConfig
-from mobius_lite.enums import GraphRole
+from mobius_lite.enums import GraphRole, Task
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
@@ -41,23 +40,16 @@ from mobius_lite.package import GraphRecord
 from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
-from mobius_lite.tasks.options import ExportOptions
+from mobius_lite.tasks.options import ExportOptions, TaskGraphs
 from mobius_lite.weights.binding import (
     bind_model,
     graph_parameters,
     plan_bindings,
 )
 
-IMAGE_TEXT_TO_TEXT = "image-text-to-text"
+IMAGE_TEXT_TO_TEXT = Task.IMAGE_TEXT_TO_TEXT.value
 IMAGE_FEATURES = "image_features"
 AUDIO_FEATURES = "audio_features"
-
-
-@dataclass(frozen=True)
-class OmniGraphs:
-    config: OmniConfig
-    graphs: list[GraphRecord]
-    shared: dict[str, list[str]]
 
 
 def _bind(
@@ -74,16 +66,14 @@ def _bind(
 
 
 def omni_graphs(
-    raw_config: dict,
+    config: OmniConfig,
     source: TensorSource,
-    kind: str,
     options: ExportOptions | None = None,
-) -> OmniGraphs:
+) -> TaskGraphs:
     """Every graph of the Omni package, bound (lazily) to `source`: a safetensors checkpoint in
-    the released or the transformers layout (tested with dense weights)."""
+    the released or the transformers layout (tested with dense weights). Omni names its
+    tensors with its own name maps (models/omni_names.py) whatever the source kind."""
     options = options or ExportOptions()
-    precision, backend = options.precision, options.backend
-    config = OmniConfig.from_dict(raw_config)
     text = config.text
     # the text model's own rules name its tensors without the language_model. prefix
     text_rules = {
@@ -92,24 +82,20 @@ def omni_graphs(
     }
     rules = {**OMNI_UNUSED, **text_rules, **options.unused_rules}
     available = set(source.names())
-    dtype = precision.ir_dtype
 
     names = LanguageModelNames()
-    formats = options.weight_formats(source, names)
     tied = logits_from_embeddings(text, SourceLayout(names).lm_head_present(source))
     decoder, _ = build_decoder(
         text,
-        precision,
+        options.build_context(source, names),
         inputs_embeds=True,
         logits_from_embeddings=tied,
-        weight_formats=formats,
-        backend=backend,
-        activations=options.activations,
     )
     media = {IMAGE_FEATURES: config.image_token_id}
     if config.has_audio:
         media[AUDIO_FEATURES] = config.audio_token_id
-    embedding = build_embedding_graph(text, precision, media)
+    # the table stays dense in the build's precision (a lookup, no matmul)
+    embedding = build_embedding_graph(text, BuildContext.dense(options.precision), media)
 
     try:
         vision = OmniVisionConfig.from_dict(config.raw)
@@ -122,21 +108,20 @@ def omni_graphs(
     except ValueError as exc:
         raise ConfigError(f"Omni config.json: {exc}") from None
     tower_names = OmniTowerNames()
-    tower_formats = options.weight_formats(source, tower_names)
-    ctx = BuildContext(dtype, tower_formats or {}, backend)
+    ctx = options.build_context(source, tower_names)
     towers = [
-        (GraphRole.VISION_ENCODER, build_vision_graph(vision, ctx=ctx)),
-        (GraphRole.VIDEO_ENCODER, build_video_graph(vision, ctx=ctx)),
+        (GraphRole.VISION_ENCODER, build_vision_graph(vision, ctx)),
+        (GraphRole.VIDEO_ENCODER, build_video_graph(vision, ctx)),
     ]
     if audio is not None:
-        towers.append((GraphRole.AUDIO_ENCODER, build_audio_graph(audio, ctx=ctx)))
+        towers.append((GraphRole.AUDIO_ENCODER, build_audio_graph(audio, ctx)))
 
     graphs = [
         _bind(GraphRole.DECODER, decoder, source, names, rules),
         _bind(GraphRole.EMBEDDING, embedding, source, names, rules),
         *(_bind(role, model, source, tower_names, rules) for role, model in towers),
     ]
-    return OmniGraphs(config, graphs, shared_sources(graphs))
+    return TaskGraphs(text, graphs, shared_sources(graphs), config.raw)
 
 
 def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:

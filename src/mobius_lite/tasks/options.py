@@ -1,4 +1,5 @@
-"""What every task is asked to export with: precision, backend, dequantize, extra unused rules."""
+"""What every task is asked to export with (precision, backend, dequantize, extra unused rules,
+activation mode) and what it gives back (the package's graphs)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mobius_lite.components.context import Activations, Backend
-from mobius_lite.enums import Precision
+from mobius_lite.components.context import BuildContext
+from mobius_lite.configs import NemotronHConfig
+from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.formats.weight import WeightFormatResolver
+from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
 from mobius_lite.weights.binding import source_weight_formats
@@ -26,8 +30,32 @@ class ExportOptions:
     unused_rules: Mapping[str, str] = field(default_factory=dict)
     activations: Activations = Activations.EXACT  # the CPU kernel mode (--activations)
 
-    def weight_formats(self, source: TensorSource, names: NameMap) -> Any:
-        """The weight-format resolver for graphs bound through `names` (None: all dense)."""
-        if self.dequantize:
-            return None
-        return source_weight_formats(source, names, self.precision.ir_dtype, self.backend)
+    def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
+        """The weight-format resolver for graphs bound through `names`: packed formats unless
+        dequantizing (output scales stay either way, see formats.weight.OutputScaled)."""
+        return source_weight_formats(
+            source, names, self.precision.ir_dtype, self.backend, packed=not self.dequantize
+        )
+
+    def build_context(
+        self, source: TensorSource, names: NameMap, mamba_a: str = "A_log"
+    ) -> BuildContext:
+        """The BuildContext of graphs bound to `source` through `names`: the options'
+        precision, backend and activation mode, each weight in the format its source tensor
+        proposes."""
+        formats = self.weight_formats(source, names)
+        return BuildContext(
+            self.precision.ir_dtype, formats, self.backend, mamba_a, self.activations
+        )
+
+
+@dataclass(frozen=True)
+class TaskGraphs:
+    """A task's export: the decoder's config, the graphs bound to the source, the source
+    tensors several graphs share, and the config.json the package carries (None: the
+    decoder config's own)."""
+
+    decoder: NemotronHConfig
+    graphs: list[GraphRecord]
+    shared: dict[str, list[str]] = field(default_factory=dict)
+    config_json: dict[str, Any] | None = None

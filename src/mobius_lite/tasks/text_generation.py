@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import GraphRole
+from mobius_lite.enums import GraphRole, Task
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.models.nemotron_h_names import (
+    SourceLayout,
     logits_from_embeddings,
-    source_layout,
     unused_tensor_rules,
 )
 from mobius_lite.package import GraphRecord
@@ -20,30 +20,26 @@ from mobius_lite.weights.binding import (
     plan_bindings,
 )
 
-TEXT_GENERATION = "text-generation"
+TEXT_GENERATION = Task.TEXT_GENERATION.value
 
 
 def text_generation_graphs(
     config: NemotronHConfig,
     source: TensorSource,
-    kind: str,
+    layout: SourceLayout,
     options: ExportOptions | None = None,
 ) -> tuple[list[GraphRecord], dict[str, list[str]]]:
-    """The decoder, every parameter bound (lazily) to `source`; no tensor is shared.
+    """The decoder, every parameter bound (lazily) to `source`, whose kind names and stores
+    the tensors as `layout` says; no tensor is shared.
 
     Packed source tensors keep their format (their storage proposes it) and compute with
     it on the options' backend, unless the options say dequantize.
     """
     options = options or ExportOptions()
-    layout = source_layout(kind, source)
     decoder, _ = build_decoder(
         config,
-        options.precision,
+        options.build_context(source, layout.names, layout.mamba_a),
         logits_from_embeddings=logits_from_embeddings(config, layout.lm_head_present(source)),
-        weight_formats=options.weight_formats(source, layout.names),
-        backend=options.backend,
-        mamba_a=layout.mamba_a,
-        activations=options.activations,
     )
     plan = plan_bindings(
         graph_parameters(decoder),

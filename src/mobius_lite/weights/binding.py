@@ -10,16 +10,23 @@ anything else is one error raised before any data is read.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
+from mobius_lite.enums import Backend
 from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.dense import dense
 from mobius_lite.formats.storage import Conversion
+from mobius_lite.formats.weight import (
+    OUTPUT_SCALE,
+    DenseWeight,
+    OutputScaled,
+    WeightFormat,
+    WeightFormatResolver,
+)
 from mobius_lite.sources.base import TensorInfo, TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
@@ -49,7 +56,7 @@ class Binding:
     @property
     def part(self) -> str | None:
         """Which part of a multi-part re-layout this is (one source, several initializers)."""
-        return getattr(self.conversion, "part", None)
+        return self.conversion.part
 
     @property
     def transform(self) -> str:
@@ -175,8 +182,7 @@ def _same_shape(stored: tuple[int, ...], expected: tuple[int, ...], reshape: boo
 def converted_shape(conversion: Conversion, stored: tuple[int, ...]) -> tuple[int, ...]:
     """The shape a tensor stored as `stored` has once converted: the same, unless the
     conversion changes it (packed rows decoded to elements, a re-layout part)."""
-    convert = getattr(conversion, "converted_shape", None)
-    return tuple(stored) if convert is None else tuple(convert(tuple(stored)))
+    return tuple(conversion.converted_shape(tuple(stored)))
 
 
 def source_conversion(ref: SourceRef, info: TensorInfo, dtype: np.dtype) -> Conversion:
@@ -226,21 +232,43 @@ def _plan_one(
 
 
 def source_weight_formats(
-    source: TensorSource, names: NameMap, dtype: Any, backend: Any
-) -> Callable[[str, tuple[int, ...]], Any]:
+    source: TensorSource,
+    names: NameMap,
+    dtype: ir.DataType,
+    backend: Backend,
+    *,
+    packed: bool = True,
+) -> WeightFormatResolver:
     """A weight-format resolver (see components.context): a weight slot takes the format its
     source tensor's storage proposes (`storage.weight_format(dtype, backend, shape, stacked)`;
-    dense storage proposes none, so the slot stays dense)."""
+    dense storage proposes none, so the slot stays dense). With packed=False (dequantize)
+    every slot is dense. A slot whose source also has an output-scale tensor (the name map's
+    candidates for `<slot>_output_scale`) computes through `OutputScaled` around that format,
+    which then works in FLOAT (see formats.weight)."""
     available = set(source.names())
 
-    def resolve(name: str, shape: tuple[int, ...]) -> Any:
+    def present(name: str, shape: tuple[int, ...]) -> SourceRef | None:
         for ref in map(as_ref, names.alternatives(name, shape)):
             if all(n in available for n in ref.names):
-                propose = getattr(source.info(ref.names[0]).storage, "weight_format", None)
-                return (
-                    None if propose is None else propose(dtype, backend, shape, len(ref.names) > 1)
-                )
+                return ref
         return None
+
+    def own_format(
+        shape: tuple[int, ...], ref: SourceRef, fmt_dtype: ir.DataType
+    ) -> WeightFormat | None:
+        if not packed:
+            return None
+        storage = source.info(ref.names[0]).storage
+        return storage.weight_format(fmt_dtype, backend, shape, len(ref.names) > 1)
+
+    def resolve(name: str, shape: tuple[int, ...]) -> WeightFormat | None:
+        ref = present(name, shape)
+        if ref is None:
+            return None
+        if present(name + OUTPUT_SCALE, shape) is None:
+            return own_format(shape, ref, dtype)
+        inner = own_format(shape, ref, ir.DataType.FLOAT) or DenseWeight(ir.DataType.FLOAT)
+        return OutputScaled(inner, dtype, stacked=len(shape) == 3)  # [E, out, in]: experts
 
     return resolve
 

@@ -26,10 +26,9 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.formats.dense import dense
+from mobius_lite.source_kinds import layout_of, local_tensors
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from mobius_lite.sources.names import NameMap, as_ref
-from mobius_lite.sources.open import local_tensors
 from mobius_lite.weights.binding import source_conversion
 from mobius_lite.weights.external_data import ExternalRef, external_references
 from mobius_lite.weights.manifest import manifest_initializers, read_manifest
@@ -162,10 +161,6 @@ def check_references(directory: Path, manifest: dict[str, Any]) -> list[str]:
 def _part_targets(entry: dict[str, Any]) -> set[str]:
     """The initializers a source re-laid out into several parts feeds (empty otherwise)."""
     return {p["initializer"] for p in entry.get("parts", [])}
-
-
-def is_gguf(path: str | Path) -> bool:
-    return str(path).lower().endswith(".gguf")
 
 
 # --------------------------------------------------------------------------- content
@@ -348,7 +343,8 @@ def verify_package(
 
     `source` is a checkpoint directory / .safetensors file, a .gguf file, or any TensorSource.
     `manifest` may be given for a package whose manifest.json is not written yet (the staging
-    check). `names` is the source's name map when its layouts change bytes (GGUF: derived).
+    check). `names` is the source's name map; by default its source kind's (the one that
+    says how a layout changes bytes, e.g. a GGUF's row permutations).
     """
     from tqdm import tqdm
 
@@ -360,10 +356,8 @@ def verify_package(
         source = local_tensors(source)
     else:
         label = type(source).__name__
-    if names is None and isinstance(source, GGUFCheckpoint):
-        from mobius_lite.models.nemotron_h_gguf import gguf_source_layout
-
-        names = gguf_source_layout(source).names
+    if names is None:
+        names = layout_of(source).names
     report = VerifyReport(package=package_dir, source=label)
     report.mismatches.extend(check_references(package_dir, manifest))
     verifier = _Verifier(package_dir, manifest, source, report, names)

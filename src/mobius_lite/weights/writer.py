@@ -172,17 +172,17 @@ def iter_source_bytes(
     """The raw (little-endian) bytes of one source tensor, a bounded chunk at a time.
 
     Every chunk holds whole units of `unit_bytes` (default: one element; a conversion's
-    block for packed storage). Sources with `byte_range` (safetensors files) are read with
-    pread, into buffers taken from `buffers` (the caller releases each chunk) or fresh ones;
+    block for packed storage). Sources whose tensors have a `byte_range` (files) are read
+    with pread, into buffers taken from `buffers` (the caller releases each chunk) or fresh ones;
     no mapping of the file grows the resident set. Other sources are sliced in memory.
     """
     unit = unit_bytes or source.info(name).dtype.itemsize
     chunk = _aligned_chunk(chunk_bytes, unit)
     if buffers is not None:
         chunk = min(chunk, _aligned_chunk(buffers.size, unit))
-    byte_range = getattr(source, "byte_range", None)
-    if byte_range is not None:
-        path, start, length = byte_range(name)
+    span = source.byte_range(name)
+    if span is not None:
+        path, start, length = span
         fd = os.open(path, os.O_RDONLY)
         try:
             pos = 0

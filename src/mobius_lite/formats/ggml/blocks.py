@@ -107,6 +107,12 @@ def nibble_pairs(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
     return merge_last(bit_fields(blocks[..., start:stop], 4, 2), 2)
 
 
+def nibble_lookup(table: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """table[code] for the 4-bit codes of bytes qs [..., n] -> [..., 2 n]: the low nibbles of
+    the n bytes, then their high nibbles (ggml's 4-bit element order: IQ4, MXFP4, NVFP4)."""
+    return table[merge_last(bit_fields(qs, 4, 2, axis=-2), 2)]
+
+
 def sign_bits(sign_bytes: np.ndarray) -> np.ndarray:
     """Sign bytes [...] -> float32 [..., 8]: -1 where bit j is set, +1 elsewhere (kmask_iq2xs)."""
     return np.where(bit_fields(sign_bytes, 1, 8) != 0, np.float32(-1.0), np.float32(1.0))
@@ -268,6 +274,15 @@ def emit_scaled_lookup(
     """scale * table[codes]: a block's float scale times a per-sub-block factor from a float32
     table, shaped by the caller so that the product broadcasts over the sub-block's values."""
     return op.Mul(scale, emit_table_lookup(op, table, codes))
+
+
+def emit_nibble_lookup(
+    op: OpBuilder, table: np.ndarray, blocks: ir.Value, start: int, stop: int, dims: Sequence[int]
+) -> ir.Value:
+    """Graph form of `nibble_lookup`: bytes [start, stop) of every block viewed as `dims`
+    [..., 1, n] -> table values [..., 2, n] (low nibbles of the n bytes, then high ones)."""
+    qs = emit_int64_bytes(op, blocks, start, stop, dims)
+    return emit_table_lookup(op, table, emit_bit_fields(op, qs, 4, 2, -2, new_axis=False))
 
 
 def emit_codebook_values(

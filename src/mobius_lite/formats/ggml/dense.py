@@ -41,10 +41,13 @@ def _emit_f32(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.BitCast(emit_le_uint(op, blocks, 4, ir.DataType.UINT32), to=FLOAT)
 
 
-def _emit_f16(op: OpBuilder, blocks: ir.Value) -> ir.Value:
-    # onnxruntime's Cast sets the quiet bit of signalling NaNs; numpy and ggml keep the
-    # payload (f32 bits = sign | 0x7f800000 | mantissa << 13), so NaNs take a bit path.
-    bits16 = emit_le_uint(op, blocks, 2, ir.DataType.UINT16)
+def emit_f16_keeping_nan_payload(op: OpBuilder, fields: ir.Value) -> ir.Value:
+    """Little-endian fp16 bytes [..., 2] -> FLOAT [..., 1], NaN payloads kept bit for bit.
+
+    onnxruntime's Cast sets the quiet bit of signalling NaNs; numpy and ggml keep the
+    payload (f32 bits = sign | 0x7f800000 | mantissa << 13), so NaNs take a bit path. Needed
+    where the widened value reaches the output without arithmetic (F16, Q1_0's +-d)."""
+    bits16 = emit_le_uint(op, fields, 2, ir.DataType.UINT16)
     bits = op.Cast(bits16, to=ir.DataType.UINT32)
     is_nan = op.Greater(_and(op, bits, 0x7FFF), _u32(op, 0x7C00))
     sign = emit_shift(op, _and(op, bits, 0x8000), 16, "LEFT")
@@ -68,7 +71,7 @@ def _emit_bf16(op: OpBuilder, blocks: ir.Value) -> ir.Value:
 
 
 F32 = make_codec("F32", _f32, _emit_f32)
-F16 = make_codec("F16", _f16, _emit_f16)
+F16 = make_codec("F16", _f16, emit_f16_keeping_nan_payload)
 BF16 = make_codec("BF16", _bf16, _emit_bf16)
 
 CODECS: tuple[BlockCodec, ...] = (F32, F16, BF16)

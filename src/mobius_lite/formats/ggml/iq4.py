@@ -20,14 +20,14 @@ from mobius_lite.formats.ggml.blocks import (
     emit_f16_at,
     emit_int64_bytes,
     emit_le_uint,
+    emit_nibble_lookup,
     emit_nibble_pairs,
     emit_or_high,
     emit_scaled_lookup,
-    emit_table_lookup,
     f16_at,
     le_uint,
     make_codec,
-    merge_last,
+    nibble_lookup,
     nibble_pairs,
 )
 from mobius_lite.formats.ggml.grids import KVALUES_IQ4NL
@@ -39,16 +39,14 @@ _LS_F32 = (np.arange(64) - 32).astype(np.float32)  # ggml's int (ls - 32) as flo
 
 def _nibble_values(qs: np.ndarray) -> np.ndarray:
     """uint8 [..., 16] -> float32 [..., 32]: kvalues of the low nibbles, then the high ones."""
-    return KVALUES_IQ4NL[merge_last(bit_fields(qs, 4, 2, axis=-2), 2)].astype(np.float32)
+    return nibble_lookup(_KVALUES_F32, qs)
 
 
 def _emit_nibble_values(
     op: OpBuilder, blocks: ir.Value, start: int, stop: int, dims: Sequence[int]
 ) -> ir.Value:
-    """Bytes [start, stop) viewed as dims [..., 1, 16] -> kvalues FLOAT [..., 2, 16] (low
-    nibbles of the 16 bytes, then their high nibbles)."""
-    qs = emit_int64_bytes(op, blocks, start, stop, dims)
-    return emit_table_lookup(op, _KVALUES_F32, emit_bit_fields(op, qs, 4, 2, -2, new_axis=False))
+    """Bytes [start, stop) viewed as dims [..., 1, 16] -> kvalues FLOAT [..., 2, 16]."""
+    return emit_nibble_lookup(op, _KVALUES_F32, blocks, start, stop, dims)
 
 
 # ---- IQ4_NL: d (fp16) | 16 bytes of 2 x 4-bit index (32 values)

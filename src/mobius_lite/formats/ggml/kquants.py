@@ -51,7 +51,7 @@ from mobius_lite.formats.ggml.types import BlockCodec
 # ---------------------------------------------------------------------------- numpy
 
 
-def _crumbs_256(qs: np.ndarray) -> np.ndarray:
+def crumbs_256(qs: np.ndarray) -> np.ndarray:
     """qs [..., 64] -> 2-bit codes [..., 256]."""
     return merge_last(bit_fields(qs.reshape(*qs.shape[:-1], 2, 32), 2, 4, axis=-2), 3)
 
@@ -97,7 +97,7 @@ def _q2_k(blocks: np.ndarray) -> np.ndarray:
     d, dmin = f16_at(blocks, 80), f16_at(blocks, 82)
     dl = d * (sc & 0xF).astype(np.float32)
     ml = dmin * (sc >> 4).astype(np.float32)
-    q = _per16(_crumbs_256(blocks[..., 16:80])).astype(np.float32)
+    q = _per16(crumbs_256(blocks[..., 16:80])).astype(np.float32)
     return dl[..., None] * q - ml[..., None]
 
 
@@ -105,7 +105,7 @@ def _q3_k(blocks: np.ndarray) -> np.ndarray:
     d = f16_at(blocks, 108)
     dl = d * (_q3_scales(blocks[..., 96:108]).astype(np.float32) - np.float32(32))
     # code = low 2 bits - (high bit ? 0 : 4) = (low | high << 2) - 4
-    codes = _crumbs_256(blocks[..., 32:96]) | (_high_bits_256(blocks[..., 0:32]) << np.uint8(2))
+    codes = crumbs_256(blocks[..., 32:96]) | (_high_bits_256(blocks[..., 0:32]) << np.uint8(2))
     q = _per16(codes).astype(np.float32) - np.float32(4)
     return dl[..., None] * q
 

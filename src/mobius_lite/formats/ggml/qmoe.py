@@ -26,6 +26,7 @@ from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element, layo
 from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.ggml.weight import GGMLWeight, exact_layout_parameters
+from mobius_lite.formats.weight import FusedExperts, WeightFormat
 
 
 def qmoe_refusal(type_name: str, int8: bool) -> str | None:
@@ -78,9 +79,13 @@ class QMoEExperts:
         assert form is not None
         return form.block_size
 
-    def layer_byte_cost(self, down: QMoEExperts) -> float:
+    @property
+    def stored_type(self) -> str:
+        return self.type.name
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
         """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes."""
-        return experts_byte_cost(self.type.name, down.type.name)
+        return experts_byte_cost(self.type.name, down.stored_type)
 
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return exact_layout_parameters(self.type.name, self.kind, shape)
@@ -95,6 +100,12 @@ class QMoEExperts:
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
         raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name}: stacked experts, not a linear layer"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
 
 def emit_qmoe(

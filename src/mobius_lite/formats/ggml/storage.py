@@ -4,7 +4,8 @@ A quantized GGUF tensor is stored row by row as whole blocks, viewed as uint8 [.
 `GGMLStorage` converts it to
 - uint8 (or its own type): verbatim, the packed rows as they are (the packed routes);
 - a dense float type: `Dequantize`, the numpy reference decode block by block (--dequantize);
-  verify recomputes it with gguf-py's own `gguf.quants.dequantize`.
+  verify recomputes it with gguf-py's own `gguf.quants.dequantize` (Q1_0, which gguf-py 0.19
+  cannot decode: with ggml's definition, written apart from the codec).
 Two lossless re-layouts wrap a conversion without touching values: `RowPermutation` reorders
 whole rows inside fixed groups (undoing the converter's per-head q/k permutation), and
 `RelayoutPart` is one of MatMulNBits' inputs (B or scales) cut out of Q8_0 / Q4_0 blocks.
@@ -14,21 +15,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx_ir as ir
 
+from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
 from mobius_lite.formats.ggml import dense as ggml_dense
-from mobius_lite.formats.ggml import iq1, iq2, iq3, iq4, kquants, legacy
+from mobius_lite.formats.ggml import (
+    iq1,
+    iq2,
+    iq3,
+    iq4,
+    kquants,
+    legacy,
+    mxfp4,
+    nvfp4,
+    q1_0,
+    ternary,
+)
 from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, to_matmulnbits
 from mobius_lite.formats.ggml.types import BlockCodec, GGMLType
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 
+if TYPE_CHECKING:
+    from mobius_lite.formats.ggml.weight import GGMLWeight
+
 CODECS: dict[str, BlockCodec] = {
     codec.type.name: codec
-    for module in (ggml_dense, legacy, kquants, iq1, iq2, iq3, iq4)
+    for module in (ggml_dense, legacy, kquants, iq1, iq2, iq3, iq4, ternary, mxfp4, nvfp4, q1_0)
     for codec in module.CODECS
 }
 UINT8 = np.dtype(np.uint8)
@@ -81,6 +98,15 @@ class _BlockwiseConversion:
         return False
 
 
+def _q1_0_by_definition(blocks: np.ndarray) -> np.ndarray:
+    """Q1_0 blocks [n, 18] -> float32 [n, 128] as ggml's dequantize_row_q1_0 states it (d at
+    byte 0, element j = bit j % 8 of byte 2 + j // 8, set: +d, clear: -d); written apart from
+    the codec (q1_0.py) so that verify stays an independent recomputation."""
+    d = np.ascontiguousarray(blocks[:, :2]).view("<f2").astype(np.float32)  # [n, 1]
+    bits = np.unpackbits(blocks[:, 2:], axis=1, bitorder="little").astype(bool)
+    return np.where(bits, d, -d)
+
+
 @dataclass(frozen=True)
 class Dequantize(_BlockwiseConversion):
     """Packed blocks -> dense float values (the numpy reference decode), block by block."""
@@ -88,6 +114,10 @@ class Dequantize(_BlockwiseConversion):
     type: GGMLType
     target: np.dtype
     name: str = "dequantize"
+
+    @property
+    def part(self) -> str | None:
+        return None
 
     def convert(self, raw: Bytes) -> Bytes:
         values = codec_of(self.type.name).dequantize(_blocks(raw, self.type.block_bytes))
@@ -99,7 +129,10 @@ class Dequantize(_BlockwiseConversion):
         from gguf.quants import dequantize
 
         blocks = np.array(_blocks(raw, self.type.block_bytes))
-        values = np.asarray(dequantize(blocks, _gguf_type(self.type.type_id)), np.float32)
+        if self.type.name == "Q1_0":  # gguf-py 0.19 has no Q1_0 decode
+            values = _q1_0_by_definition(blocks)
+        else:
+            values = np.asarray(dequantize(blocks, _gguf_type(self.type.type_id)), np.float32)
         with np.errstate(over="ignore"):
             return np.array(values.reshape(-1), dtype=self.target).tobytes()
 
@@ -173,7 +206,7 @@ class RowPermutation:
 
     @property
     def part(self) -> str | None:
-        return getattr(self.inner, "part", None)
+        return self.inner.part
 
     @property
     def unit_bytes(self) -> int:
@@ -200,8 +233,7 @@ class RowPermutation:
         return self.inner.recompute(bytes(out))
 
     def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        converted = getattr(self.inner, "converted_shape", None)
-        return stored if converted is None else converted(stored)
+        return self.inner.converted_shape(stored)
 
 
 @dataclass(frozen=True)
@@ -231,8 +263,10 @@ class GGMLStorage:
             return Dequantize(self.type, target.dtype)
         raise RouteError(f"no conversion from ggml {self.name} to {target.name} storage")
 
-    def weight_format(self, dtype: Any, backend: Any, shape: tuple[int, ...], stacked: bool):
+    def weight_format(
+        self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
+    ) -> GGMLWeight:
         """The GGMLWeight a weight slot of this storage computes with (see weight.py)."""
-        from mobius_lite.formats.ggml.weight import GGMLWeight
+        from mobius_lite.formats.ggml.weight import GGMLWeight  # weight.py decodes via codec_of
 
         return GGMLWeight.choose(self.type, dtype, backend, tuple(shape))

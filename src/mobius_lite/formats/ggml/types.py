@@ -63,6 +63,11 @@ GGML_TYPES: dict[str, GGMLType] = {
         GGMLType("IQ4_XS", 23, 256, 136),
         GGMLType("IQ1_M", 29, 256, 56),
         GGMLType("BF16", 30, 1, 2),
+        GGMLType("TQ1_0", 34, 256, 54),
+        GGMLType("TQ2_0", 35, 256, 66),
+        GGMLType("MXFP4", 39, 32, 17),
+        GGMLType("NVFP4", 40, 64, 36),
+        GGMLType("Q1_0", 41, 128, 18),
     )
 }
 GGML_TYPES_BY_ID: dict[int, GGMLType] = {t.type_id: t for t in GGML_TYPES.values()}

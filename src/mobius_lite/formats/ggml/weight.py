@@ -23,6 +23,7 @@ from typing import Any
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
+from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
 from mobius_lite.formats.ggml.exact_codes import code_form
 from mobius_lite.formats.ggml.nbits_layout import layout_parts
@@ -31,7 +32,7 @@ from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, emit_m
 from mobius_lite.formats.ggml.relayout_part import NBITS_KIND, ROW_REPEAT, part_suffix
 from mobius_lite.formats.ggml.storage import codec_of
 from mobius_lite.formats.ggml.types import GGMLType
-from mobius_lite.formats.weight import gemm_transposed
+from mobius_lite.formats.weight import FusedExperts, gemm_transposed
 
 # MatMulNBits parameters beside (instead of) the slot's own: "<slot>_nbits_b", "_nbits_scales".
 NBITS_B = "_nbits_b"
@@ -39,7 +40,8 @@ NBITS_SCALES = "_nbits_scales"
 NBITS_PARTS = {NBITS_B: "b", NBITS_SCALES: "scales"}
 
 # ggml types onnxruntime 1.32's CPU GatherPacked accepts (probed: tests/test_gguf_export.py
-# checks each against the numpy decode, and that the others are refused).
+# checks each against the numpy decode, and that the others are refused; TQ1_0, TQ2_0, MXFP4,
+# NVFP4 and Q1_0 are refused, tests/formats/test_ggml_fp4_ternary.py).
 GATHER_PACKED_CPU = frozenset(
     {"Q4_0", "Q5_0", "Q8_0", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"}
     | {"IQ4_NL", "IQ4_XS"}
@@ -75,7 +77,7 @@ class GGMLWeight:
 
     @classmethod
     def choose(
-        cls, ggml: GGMLType, dtype: ir.DataType, backend: Any, shape: tuple[int, ...]
+        cls, ggml: GGMLType, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...]
     ) -> GGMLWeight:
         """The routes for one slot: onnxruntime's ops where they fit, else standard decode."""
         codec_of(ggml.name)  # RouteError now for a type without a decoder
@@ -98,7 +100,7 @@ class GGMLWeight:
             return f"ggml {self.type.name}: the exact MatMulNBits layout needs 2-D f32 weights"
         return GGMLWeight(self.type, self.dtype, self.shape, NBITS_EXACT, DECODE, accuracy_level)
 
-    def on_fused_experts(self, kind: str, int8: bool) -> Any:
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         """This stacked expert slot as QMoE's fc1 ("fc1", up) or fc2 ("fc2", down) operand
         (formats/ggml/qmoe.py), or why it cannot be one exactly (a sentence)."""
         from mobius_lite.formats.ggml.qmoe import QMoEExperts, qmoe_refusal

@@ -13,12 +13,12 @@ bytes (UINT8), which onnxruntime's CUDA NVFP4 kernel takes. Any other target (de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import is_ort
 from mobius_lite.formats.dense import DenseStorage, Verbatim
@@ -52,7 +52,7 @@ class NVFP4CodeStorage(DenseStorage):
         raise _refuse("NVFP4 codes", target)
 
     def weight_format(
-        self, dtype: ir.DataType, backend: Any, shape: tuple[int, ...], stacked: bool
+        self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
     ) -> NVFP4Weight:
         """The format of a weight slot of logical shape [..., N, K] fed by these codes."""
         return NVFP4Weight(dtype, stacked, is_ort(backend) and not stacked, self.scale_2_shape)
@@ -70,7 +70,7 @@ class FP8WeightStorage(DenseStorage):
         raise _refuse("FP8 weights", target)
 
     def weight_format(
-        self, dtype: ir.DataType, backend: Any, shape: tuple[int, ...], stacked: bool
+        self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
     ) -> FP8Weight:
         return FP8Weight(dtype, stacked, is_ort(backend) and not stacked, self.scale_shape)
 

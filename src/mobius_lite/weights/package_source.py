@@ -7,8 +7,8 @@ from pathlib import Path
 
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.layout import CONFIG_FILE, MANIFEST_FILE
-from mobius_lite.sources.hub import ResolvedCheckpoint, resolve_checkpoint
-from mobius_lite.sources.open import is_gguf
+from mobius_lite.source_kinds import resolve_source
+from mobius_lite.sources.hub import ResolvedCheckpoint
 
 
 def source_for_package(
@@ -39,8 +39,4 @@ def source_for_package(
                 "build_from_module have none); pass --source CHECKPOINT"
             )
         source, revision = record["model"], revision or record.get("revision")
-    if is_gguf(source):  # a GGUF file is the checkpoint itself
-        from mobius_lite.sources.gguf_open import resolve_gguf
-
-        return resolve_gguf(source, revision)
-    return resolve_checkpoint(source, revision, weights=True)
+    return resolve_source(source, revision)
