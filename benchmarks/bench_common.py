@@ -1,8 +1,24 @@
-"""What every benchmark's onnxruntime CPU session shares: the thread counts."""
+"""What the benchmarks share: the onnxruntime CPU session options, opening a package's decoder,
+timing calls, a timed greedy decode and a timed `mobius build` in a child process."""
 
 from __future__ import annotations
 
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from mobius_lite.layout import DECODER_FILE, MANIFEST_FILE
+
+PEAK_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 
 
 def session_options(threads: int) -> Any:
@@ -14,3 +30,80 @@ def session_options(threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     return options
+
+
+def open_package(
+    package: Path, options: Any, config: Any = None, model_file: Path | None = None
+) -> tuple[Any, float]:
+    """(DecoderSession over the package's decoder, seconds its creation took). `config`:
+    the package's own config.json unless given; `model_file`: another decoder graph."""
+    from mobius_lite.configs import NemotronHConfig
+    from mobius_lite.runtime import DecoderSession
+
+    config = config if config is not None else NemotronHConfig.from_file(package)
+    start = time.perf_counter()
+    session = DecoderSession(model_file or package / DECODER_FILE, config, session_options=options)
+    return session, time.perf_counter() - start
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of fn()."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@dataclass
+class TimedDecode:
+    """Wall seconds of each greedy decode step and the tokens it chose (batch row 0)."""
+
+    seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def median_after_first(self) -> float:
+        """The median step time without the first step (its allocations stay out)."""
+        return statistics.median(self.seconds[1:])
+
+
+def timed_decode(
+    session: Any,
+    logits: np.ndarray,
+    steps: int,
+    each: Callable[[dict[str, np.ndarray]], None] | None = None,
+) -> TimedDecode:
+    """`steps` greedy decode calls of a DecoderSession after the call that gave `logits`
+    ([batch, sequence, vocab]); `each` sees every step's outputs."""
+    timed = TimedDecode()
+    token = logits[:, -1].argmax(-1)[:, None]
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = session.step(token.astype(np.int64))
+        timed.seconds.append(time.perf_counter() - start)
+        if each is not None:
+            each(out)
+        token = out["logits"][:, -1].argmax(-1)[:, None]
+        timed.tokens.append(int(token[0, 0]))
+    return timed
+
+
+def timed_export(model: Path, output: Path, flags: Sequence[str] = ()) -> dict[str, Any]:
+    """`mobius build --model MODEL --output OUTPUT --overwrite -q FLAGS...` in a child process
+    under /usr/bin/time: wall seconds, peak resident MiB and the weight bytes written."""
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "mobius_lite.cli.main", "build"]
+    cmd += ["--model", str(model), "--output", str(output), "--overwrite", "--quiet", *flags]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"export failed:\n{proc.stderr[-4000:]}")
+    rss = PEAK_RSS.search(proc.stderr)
+    manifest = json.loads((output / MANIFEST_FILE).read_text())
+    return {
+        "export_wall_s": wall,
+        "export_peak_rss_mib": int(rss[1]) / 1024 if rss else None,
+        "package_weight_bytes": manifest["totals"]["bytes_written"],
+    }

@@ -29,9 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.layout import DECODER_FILE
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import session_options  # noqa: E402
+from bench_common import open_package, session_options  # noqa: E402
 from profile_decoder import PATTERNS, export, make_checkpoint  # noqa: E402
 
 SIDES = ("package", "genai", "llama_cpp", "transformers")
@@ -73,16 +75,7 @@ def run_package(
     work: Path, threads: int, prompt: list[int], decode: int, backend: str
 ) -> dict[str, Any]:
 
-    from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
-
-    package = package_dir(work, backend)
-    options = session_options(threads)
-    start = time.perf_counter()
-    session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-    )
-    load = time.perf_counter() - start
+    session, load = open_package(package_dir(work, backend), session_options(threads))
 
     def prefill(ids: list[int]) -> int:
         # The last position's logits only, as llama.cpp computes by default.
@@ -225,7 +218,7 @@ def prepare(work: Path, variant: str, with_gguf: bool, backend: str = "ort") -> 
         model = make_checkpoint(work / "checkpoint", pattern)
     else:
         model = None
-    if not (package_dir(work, backend) / "model.onnx").is_file():
+    if not (package_dir(work, backend) / DECODER_FILE).is_file():
         export(work / "checkpoint", package_dir(work, backend), backend)
     if with_gguf and not (work / "model-f32.gguf").is_file():
         sys.path.insert(0, str(HERE.parent / "tests"))

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import resource
 import shutil
 import statistics
@@ -64,7 +63,13 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
-from bench_common import session_options  # noqa: E402
+from bench_common import (  # noqa: E402
+    median_time,
+    open_package,
+    session_options,
+    timed_decode,
+    timed_export,
+)
 from bench_mid import MID  # noqa: E402
 
 # smoke-run size (--config tiny): the mid layer pattern at small widths
@@ -151,31 +156,6 @@ def gguf_facts(path: Path) -> dict[str, Any]:
     return {"tensor_bytes": sum(int(t.n_bytes) for t in tensors), "bytes_by_type": mix}
 
 
-def timed_export(path: Path, output: Path, flags: list[str]) -> dict[str, Any]:
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "mobius_lite.cli.main", "build"]
-    cmd += ["--model", str(path), "--output", str(output), "--overwrite", "--quiet", *flags]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    manifest = json.loads((output / "manifest.json").read_text())
-    return {
-        "command": " ".join(["mobius build --model", path.name, *flags]),
-        "export_wall_s": wall,
-        "export_peak_rss_mib": rss / 1024,
-        "package_weight_bytes": manifest["totals"]["bytes_written"],
-    }
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def rss_mib() -> float:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
@@ -201,16 +181,8 @@ def ort_child(
     greedy tokens (and every step's logits to `logits_out`); with `profile`, a per-node
     profile of `decode` further steps."""
 
-    from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
-
-    options = session_options(threads)
     before = rss_mib()
-    start = time.perf_counter()
-    session = DecoderSession(
-        package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-    )
-    created = time.perf_counter() - start
+    session, created = open_package(package, session_options(threads))
     after_session = rss_mib() - before
 
     def prefill():
@@ -219,23 +191,18 @@ def ort_child(
 
     prefill()
     prefill_s = median_time(prefill, repeats)
-    logits = [prefill()["logits"][0, -1]]
-    token = logits[-1].argmax()[None, None]
-    tokens, steps = [int(token[0, 0])], []
-    for _ in range(decode):
-        start = time.perf_counter()
-        out = session.step(token)
-        steps.append(time.perf_counter() - start)
-        logits.append(out["logits"][0, -1])
-        token = logits[-1].argmax()[None, None]
-        tokens.append(int(token[0, 0]))
+    first = prefill()["logits"]
+    logits = [first[0, -1]]
+    decoded = timed_decode(session, first, decode, lambda out: logits.append(out["logits"][0, -1]))
+    tokens = [int(first[0, -1].argmax()), *decoded.tokens]
+    token = np.array([[tokens[-1]]], dtype=np.int64)
     if logits_out is not None:
         np.save(logits_out, np.stack(logits))
     result = {
         "session_create_s": created,
         "session_rss_mib": after_session,
         "prefill_ms": prefill_s * 1e3,
-        "decode_ms_per_token": statistics.median(steps[1:]) * 1e3,
+        "decode_ms_per_token": decoded.median_after_first * 1e3,
         "peak_rss_mib": peak_rss_mib(),
         "tokens": tokens,
     }
@@ -431,6 +398,7 @@ def main() -> None:
             package = args.workdir / f"pkg-{name}-{route}"
             out = args.workdir / f"logits-{name}-{route}.npy"
             entry["routes"][route] = {
+                "command": " ".join(["mobius build --model", path.name, *ROUTES[route]]),
                 **timed_export(path, package, ROUTES[route]),
                 **run_ort(package, args, out),
             }

@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import session_options
+from bench_common import median_time, open_package, session_options, timed_decode, timed_export
 
 MID = dict(
     vocab_size=32000,
@@ -70,47 +67,14 @@ def make_checkpoint(directory: Path, seed: int = 0):
     return model, params
 
 
-def timed_export(checkpoint: Path, output: Path) -> dict:
-    cmd = [
-        "/usr/bin/time",
-        "-v",
-        sys.executable,
-        "-m",
-        "mobius_lite.cli.main",
-        "build",
-        "--model",
-        str(checkpoint),
-        "--output",
-        str(output),
-        "--dtype",
-        "f32",
-        "--overwrite",
-    ]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
-    rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    return {"export_wall_s": wall, "export_peak_rss_mib": rss_kb / 1024}
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def bench_onnxruntime(
     package: Path, prompt: np.ndarray, decode_tokens: int, threads: int, repeats: int
 ) -> dict:
     import onnx
 
-    from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.layout import DECODER_FILE
 
-    graph = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    graph = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     top_nodes = len(graph.graph.node)
     sub_nodes = sum(
         len(a.g.node)
@@ -118,11 +82,7 @@ def bench_onnxruntime(
         for a in n.attribute
         if a.type == onnx.AttributeProto.GRAPH
     )
-    config = NemotronHConfig.from_file(package)
-    options = session_options(threads)
-    start = time.perf_counter()
-    session = DecoderSession(package / "model.onnx", config, session_options=options)
-    created = time.perf_counter() - start
+    session, created = open_package(package, session_options(threads))
 
     def prefill():
         session.reset(prompt.shape[0])
@@ -130,22 +90,14 @@ def bench_onnxruntime(
 
     prefill()  # warm-up
     prefill_s = median_time(prefill, repeats)
-    out = prefill()
-    token = out["logits"][:, -1].argmax(-1)[:, None]
-    steps, tokens = [], []
-    for _ in range(decode_tokens):
-        start = time.perf_counter()
-        out = session.step(token)
-        steps.append(time.perf_counter() - start)
-        token = out["logits"][:, -1].argmax(-1)[:, None]
-        tokens.append(int(token[0, 0]))
+    decoded = timed_decode(session, prefill()["logits"], decode_tokens)
     return {
         "nodes_top_level": top_nodes,
         "nodes_in_subgraphs": sub_nodes,
         "session_create_s": created,
         "prefill_s": prefill_s,
-        "decode_token_s": statistics.median(steps[1:]),
-        "tokens": tokens,
+        "decode_token_s": decoded.median_after_first,
+        "tokens": decoded.tokens,
     }
 
 
@@ -198,7 +150,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     checkpoint, package = args.workdir / "checkpoint", args.workdir / "package"
     model, params = make_checkpoint(checkpoint)
-    export = timed_export(checkpoint, package)
+    export = timed_export(checkpoint, package, ["--dtype", "f32"])
     prompt = np.random.default_rng(0).integers(3, MID["vocab_size"], size=(1, args.prompt_length))
     ours = bench_onnxruntime(package, prompt, args.decode_tokens, args.threads, args.repeats)
     ref = bench_transformers(model, prompt, args.decode_tokens, args.threads, args.repeats)

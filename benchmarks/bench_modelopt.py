@@ -17,16 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shutil
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import session_options
+from bench_common import open_package, session_options, timed_decode, timed_export
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -81,39 +77,23 @@ def tensor_bytes(checkpoint: Path) -> int:
     return sum(source.info(n).nbytes for n in source.names())
 
 
-def timed_export(checkpoint: Path, output: Path) -> dict:
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "mobius_lite.cli.main", "build"]
-    cmd += ["--model", str(checkpoint), "--output", str(output), "--dtype", "f32", "-q"]
-    cmd += ["--overwrite"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
-    rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
-    data = sum(p.stat().st_size for p in output.glob("model.onnx*.data"))
-    return {"export_wall_s": wall, "export_peak_rss_mib": rss_kb / 1024, "package_data_bytes": data}
+def exported(checkpoint: Path, output: Path) -> dict:
+    """The timed export, and the bytes of its external data files."""
+    export = timed_export(checkpoint, output, ["--dtype", "f32"])
+    data = sum(p.stat().st_size for p in output.iterdir() if p.name.endswith(".data"))
+    return {**export, "package_data_bytes": data}
 
 
 def bench_decode(package: Path, threads: int, decode_tokens: int) -> dict:
-
     from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
 
     config = NemotronHConfig.from_file(package)
-    options = session_options(threads)
-    start = time.perf_counter()
-    session = DecoderSession(package / "model.onnx", config, session_options=options)
-    created = time.perf_counter() - start
+    session, created = open_package(package, session_options(threads), config)
     prompt = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 16))
     session.reset(1)
     out = session.step(prompt.astype(np.int64))
-    token = out["logits"][:, -1].argmax(-1)[:, None]
-    steps = []
-    for _ in range(decode_tokens):
-        start = time.perf_counter()
-        out = session.step(token)
-        steps.append(time.perf_counter() - start)
-        token = out["logits"][:, -1].argmax(-1)[:, None]
-    return {"session_create_s": created, "decode_ms_per_token": 1e3 * statistics.median(steps[1:])}
+    decoded = timed_decode(session, out["logits"], decode_tokens)
+    return {"session_create_s": created, "decode_ms_per_token": 1e3 * decoded.median_after_first}
 
 
 def main() -> None:
@@ -129,7 +109,7 @@ def main() -> None:
     for name, checkpoint in write_checkpoints(args.workdir).items():
         package = args.workdir / f"pkg_{name}"
         row = {"format": name, "checkpoint_tensor_bytes": tensor_bytes(checkpoint)}
-        row |= timed_export(checkpoint, package)
+        row |= exported(checkpoint, package)
         row |= bench_decode(package, args.threads, args.decode_tokens)
         rows.append(row)
         print(json.dumps(row), flush=True)

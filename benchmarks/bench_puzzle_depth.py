@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from bench_common import open_package, timed_decode
+
+from mobius_lite.layout import DECODER_FILE
 
 # Layer order of the 88-layer Nemotron 3 Super parent (40 Mamba, 40 MoE, 8 attention); the
 # Puzzle 75B-A9B release has the same counts (docs/puzzle.md).
@@ -204,7 +207,7 @@ def export(checkpoint: Path, output: Path, backend: str) -> dict:
     return {
         "export_seconds": round(wall, 1),
         "export_peak_rss_mib": round(int(rss[1]) / 1024) if rss else None,
-        "onnx_file_bytes": (output / "model.onnx").stat().st_size,
+        "onnx_file_bytes": (output / DECODER_FILE).stat().st_size,
         "external_data_bytes": data,
     }
 
@@ -213,33 +216,26 @@ def run_session(package: Path, raw: dict[str, Any], threads: int) -> dict:
     import onnxruntime as ort
 
     from mobius_lite.configs.loader import load_text_config
-    from mobius_lite.runtime import DecoderSession
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    start = time.perf_counter()
-    session = DecoderSession(package / "model.onnx", load_text_config(raw), session_options=options)
-    created = time.perf_counter() - start
+    session, created = open_package(package, options, load_text_config(raw))
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, raw["vocab_size"], size=(1, 16)).astype(np.int64)
     start = time.perf_counter()
     out = session.step(prompt, logits_to_keep=1)
     prefill = time.perf_counter() - start
-    token = out["logits"][:, -1].argmax(-1)[:, None]
-    steps = []
-    finite = bool(np.isfinite(out["logits"]).all())
-    for _ in range(5):
-        start = time.perf_counter()
-        out = session.step(token.astype(np.int64))
-        steps.append(time.perf_counter() - start)
-        finite = finite and bool(np.isfinite(out["logits"]).all())
-        token = out["logits"][:, -1].argmax(-1)[:, None]
+    finite = [bool(np.isfinite(out["logits"]).all())]
+    decoded = timed_decode(
+        session, out["logits"], 5, lambda o: finite.append(bool(np.isfinite(o["logits"]).all()))
+    )
+    steps = decoded.seconds
     return {
         "session_create_seconds": round(created, 2),
         "prefill_16_tokens_ms": round(prefill * 1e3, 1),
         "first_decode_step_ms": round(steps[0] * 1e3, 1),
         "median_decode_step_ms": round(statistics.median(steps) * 1e3, 1),
-        "logits_finite": finite,
+        "logits_finite": all(finite),
         "ort_threads": threads,
     }
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mobius_lite.layout import DECODER_FILE
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 NRMSE_GATE = 1e-2
@@ -51,7 +53,7 @@ def run(package: Path, prompt: np.ndarray, tokens: list[int] | None) -> list[np.
     from mobius_lite.runtime import DecoderSession
 
     session = DecoderSession(
-        package / "model.onnx",
+        package / DECODER_FILE,
         NemotronHConfig.from_file(package),
         ir.DataType.FLOAT16,
         providers=["CUDAExecutionProvider"],
@@ -77,11 +79,11 @@ def check(checkpoint: Path, workdir: Path, build_only: bool) -> bool:
 
     standard = build(checkpoint, workdir / "standard", "standard")
     kernels = build(checkpoint, workdir / "ort", "ort")
-    graph = onnx.load(kernels / "model.onnx", load_external_data=False)
+    graph = onnx.load(kernels / DECODER_FILE, load_external_data=False)
     used = sorted({n.op_type for n in graph.graph.node if n.domain == "com.microsoft"})
     print(f"{checkpoint.name}: ort route uses {used}")
     if build_only:
-        onnx.checker.check_model(str(kernels / "model.onnx"))
+        onnx.checker.check_model(str(kernels / DECODER_FILE))
         return True
     prompt = np.random.default_rng(0).integers(3, 90, size=(1, 11)).astype(np.int64)
     reference = run(standard, prompt, None)

@@ -42,10 +42,11 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN
+from mobius_lite.layout import DECODER_FILE
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import session_options  # noqa: E402
+from bench_common import open_package, session_options  # noqa: E402
 from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
 
 PACKAGES = ("standard", "ort", "ort-fused", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
@@ -60,9 +61,9 @@ def _copy_with(package: Path, out: Path, model: Any) -> Path:
     import onnx
 
     out.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(out / "model.onnx"))
+    onnx.save(model, str(out / DECODER_FILE))
     for f in package.iterdir():
-        if f.name != "model.onnx" and not (out / f.name).exists():
+        if f.name != DECODER_FILE and not (out / f.name).exists():
             os.link(f, out / f.name)
     return out
 
@@ -72,7 +73,7 @@ def without_experts(package: Path, out: Path) -> Path:
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
     norm_out: dict[str, str] = {}
     nodes = []
@@ -97,7 +98,7 @@ def with_relu_moe_kernel(package: Path, out: Path) -> Path:
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     model.graph.initializer.append(numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"))
     k = json.loads((package / "config.json").read_text())["num_experts_per_tok"]
     seen: dict[str, dict[str, str]] = {}
@@ -148,7 +149,7 @@ def without_mamba_kernels(package: Path, out: Path) -> Path:
     import onnx
     from onnx import helper
 
-    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     nodes = []
     for node in model.graph.node:
         if node.op_type in MAMBA_KERNELS:
@@ -167,7 +168,7 @@ def step_matrices(package: Path) -> list[tuple[int, int]]:
     and, per stacked expert tensor, top-k of its experts."""
     import onnx
 
-    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     dims = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
     shapes = [
         dims[n.input[1]] for n in model.graph.node if n.op_type == "Gemm" and n.input[1] in dims
@@ -200,17 +201,16 @@ def matrices_twin(shapes: list[tuple[int, int]], form: str, out: Path) -> Path:
     graph = helper.make_graph(nodes, form, inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     out.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(out / "model.onnx"), save_as_external_data=True, location="model.data")
+    onnx.save(model, str(out / DECODER_FILE), save_as_external_data=True, location="model.data")
     return out
 
 
 # ----------------------------------------------------------------------------- child runs
 def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode: int) -> dict:
     from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
 
     config = NemotronHConfig.from_file(config_dir)
-    session = DecoderSession(path / "model.onnx", config, session_options=session_options(threads))
+    session, _ = open_package(path, session_options(threads), config)
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, prompt))
     prefill = {}
     for keep in (0, 1, 0, 1):
@@ -236,7 +236,7 @@ def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode:
 def run_twin(path: Path, threads: int, decode: int) -> dict:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path / "model.onnx"), session_options(threads))
+    session = ort.InferenceSession(str(path / DECODER_FILE), session_options(threads))
     feeds = {i.name: np.ones((1, i.shape[1]), np.float32) for i in session.get_inputs()}
     session.run(None, feeds)
     wall = []
@@ -252,11 +252,11 @@ def variants(work: Path) -> dict[str, Path]:
     """Every variant's directory, made when missing."""
     out = {name: package_dir(work, name) for name in ("standard", "ort")}
     edits = work / "breakdown"
-    if not (edits / "ort-no-experts" / "model.onnx").is_file():
+    if not (edits / "ort-no-experts" / DECODER_FILE).is_file():
         without_experts(out["ort"], edits / "ort-no-experts")
-    if not (edits / "ort-no-mamba" / "model.onnx").is_file():
+    if not (edits / "ort-no-mamba" / DECODER_FILE).is_file():
         without_mamba_kernels(edits / "ort-no-experts", edits / "ort-no-mamba")
-    if not (edits / "ort-moe-kernel" / "model.onnx").is_file():
+    if not (edits / "ort-moe-kernel" / DECODER_FILE).is_file():
         with_relu_moe_kernel(out["ort"], edits / "ort-moe-kernel")
     for name in ("ort-no-experts", "ort-no-mamba", "ort-moe-kernel"):
         out[name] = edits / name
@@ -270,7 +270,7 @@ def variants(work: Path) -> dict[str, Path]:
         built.save(out["ort-fused"], overwrite=True, quiet=True)
     shapes = step_matrices(out["ort"])
     for twin in TWINS:
-        if not (edits / twin / "model.onnx").is_file():
+        if not (edits / twin / DECODER_FILE).is_file():
             matrices_twin(shapes, twin, edits / twin)
         out[twin] = edits / twin
     return out

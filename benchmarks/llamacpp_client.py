@@ -41,6 +41,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_common import open_package  # noqa: E402
 
 COSINE_GATE = 0.999
 MODEL = {
@@ -164,14 +167,9 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
 def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from mobius_lite.configs.loader import load_config_file
-    from mobius_lite.runtime import DecoderSession
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = DecoderSession(
-        package / "model.onnx", load_config_file(package), session_options=options
-    )
+    session, _ = open_package(package, options)
     out = session.step(np.array([prompt], dtype=np.int64))
     logits = [out["logits"][0, -1].astype(np.float32)]
     tokens = [int(logits[-1].argmax())]

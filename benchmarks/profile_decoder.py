@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.layout import DECODER_FILE
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
 from bench_mid import MID  # noqa: E402
@@ -116,7 +118,7 @@ def top_level_names(package: Path) -> set[str]:
     """Names of every node the exported model declares (top level and in subgraphs)."""
     import onnx
 
-    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    model = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     names: set[str] = set()
 
     def walk(graph: Any) -> None:
@@ -228,13 +230,13 @@ def run_profile(
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         plain = DecoderSession(
-            package / "model.onnx", config, session_options=session_options(threads, None, level)
+            package / DECODER_FILE, config, session_options=session_options(threads, None, level)
         )
         plain.reset(1)
         prefilled = plain.step(prompt)
         for phase in ("prefill", "decode"):
             options = session_options(threads, str(Path(tmp) / phase), level)
-            session = DecoderSession(package / "model.onnx", config, session_options=options)
+            session = DecoderSession(package / DECODER_FILE, config, session_options=options)
             wall = []
             if phase == "prefill":
                 for _ in range(2):  # the first call's allocations stay out of the figure
@@ -268,7 +270,7 @@ def load_figures(package: Path, threads: int, level: str) -> dict[str, Any]:
     before = rss_bytes()
     start = time.perf_counter()
     session = DecoderSession(
-        package / "model.onnx", config, session_options=session_options(threads, None, level)
+        package / DECODER_FILE, config, session_options=session_options(threads, None, level)
     )
     created = time.perf_counter() - start
     after_create = rss_bytes()

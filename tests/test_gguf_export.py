@@ -2,8 +2,8 @@
 converter writes them (per-tensor type mixes like the real presets, every supported type across
 the two), exported with `mobius build`, against transformers loaded with gguf-py's dequantized
 weights (foundation gates), their packed bytes found in the package, verify, --dequantize,
-node counts, and the onnxruntime routes (GatherPacked, MatMulNBits; MatMulPacked / MoEPacked
-structure only: CUDA)."""
+node counts, and the onnxruntime routes (GatherPacked, MatMulNBits; MatMulPacked structure
+only: CUDA)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import (
     GATHER_PACKED_CPU,
     MATMUL_PACKED,
-    emit_moe_packed,
 )
 from mobius_lite.weights.verify import verify_package
 from nemotron_reference import make_reference
@@ -414,7 +413,7 @@ def test_gather_packed_cpu_types() -> None:
 
 def test_cuda_packed_ops_structure(written: dict[str, Any]) -> None:
     """bf16 (CUDA only) on the ort backend: MatMulPacked for every linear of a contract type;
-    the graph passes the ONNX checker. MoEPacked: one relu2 node over IQ2_XXS experts."""
+    the graph passes the ONNX checker."""
     entry = written["moe"]
     package = mobius_lite.build(entry["files"][0], dtype="bf16", ep="cuda", weights_backend="ort")
     model = package.graphs[0].model
@@ -431,51 +430,6 @@ def test_cuda_packed_ops_structure(written: dict[str, Any]) -> None:
         assert node.inputs[1].dtype == ir.DataType.UINT8
         assert node.attributes["packed_type"].as_int() in contract
     onnx.checker.check_model(ir.serde.serialize_model(model))
-
-    graph = ir.Graph(inputs=[], outputs=[], nodes=[], opset_imports={"": 27}, name="moe")
-    values = {
-        n: ir.Value(name=n, type=ir.TensorType(dt), shape=ir.Shape(s))
-        for n, dt, s in (
-            ("x", ir.DataType.BFLOAT16, [3, 256]),
-            ("scores", ir.DataType.FLOAT, [3, 8]),
-            ("mixing", ir.DataType.FLOAT, [3, 8]),
-            ("up", ir.DataType.UINT8, [8, 256, 66]),
-            ("down", ir.DataType.UINT8, [8, 256, 66]),
-        )
-    }
-    graph.inputs.extend(values.values())
-    from onnxscript import GraphBuilder
-
-    op = GraphBuilder(graph).op
-    iq2 = GGML_TYPES["IQ2_XXS"]
-    out = emit_moe_packed(
-        op,
-        *values.values(),
-        k=2,
-        normalize=False,
-        routed_scaling_factor=2.5,
-        up_type=iq2,
-        down_type=iq2,
-    )
-    out.name = "y"
-    graph.outputs.append(out)
-    proto = ir.serde.serialize_model(ir.Model(graph, ir_version=11))
-    onnx.checker.check_model(proto)
-    (node,) = proto.graph.node
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert (node.domain, node.op_type) == ("com.microsoft", "MoEPacked")
-    assert attrs["activation_type"] == b"relu2" and attrs["gate_type"] == 16
-    assert list(node.input) == ["x", "scores", "up", "", "down", "mixing"]
-    with pytest.raises(ValueError, match="IQ2_XXS"):
-        emit_moe_packed(
-            op,
-            *values.values(),
-            k=2,
-            normalize=False,
-            routed_scaling_factor=1.0,
-            up_type=GGML_TYPES["Q4_K"],
-            down_type=iq2,
-        )
 
 
 def test_inspect_shows_each_weights_route(written: dict[str, Any], capsys) -> None:

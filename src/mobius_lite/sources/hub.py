@@ -25,6 +25,7 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub import errors as hub_errors_module
 
 from mobius_lite.errors import CheckpointError, ConfigError
+from mobius_lite.formats.modelopt.quant_config import HF_QUANT_CONFIG
 from mobius_lite.layout import CONFIG_FILE, TOKENIZER_FILES
 from mobius_lite.registry import COMMIT_SHA, resolve_revision
 from mobius_lite.sources.safetensors_files import INDEX_NAME
@@ -32,7 +33,7 @@ from mobius_lite.sources.safetensors_files import INDEX_NAME
 # Small files fetched first: everything needed to validate the export before the weights.
 METADATA_PATTERNS = (
     CONFIG_FILE,
-    "hf_quant_config.json",  # ModelOpt's quantization, when config.json does not carry it
+    HF_QUANT_CONFIG,  # ModelOpt's quantization, when config.json does not carry it
     *TOKENIZER_FILES,
     INDEX_NAME,
 )

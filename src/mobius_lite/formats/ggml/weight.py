@@ -12,7 +12,6 @@ MatMulNBits route, whose two parameters are the lossless re-layout of Q8_0 / Q4_
 A decode reads the packed initializer through a Reshape whose shape depends on the
 activations at run time: onnxruntime's constant folding would otherwise decode every weight
 at session creation and keep the dense result in memory (measured: docs/gguf.md).
-MoEPacked (CUDA, relu2 with IQ2_XXS experts) replaces a whole MoE block: `emit_moe_packed`.
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ GATHER_PACKED_CPU = frozenset(
 # MatMulPacked has no CPU kernel and takes f16 / bf16 activations; used for bf16 graphs only
 # (bf16 runs on CUDA only, routes.PROVIDER_PRECISIONS), with the types of the same contract.
 MATMUL_PACKED = GATHER_PACKED_CPU
-MOE_PACKED_RELU2 = "IQ2_XXS"
 
 DECODE, MATMULNBITS, GATHER_PACKED, MATMUL_PACKED_ROUTE = (
     "decode",
@@ -60,7 +58,6 @@ DECODE, MATMULNBITS, GATHER_PACKED, MATMUL_PACKED_ROUTE = (
 # MatMulNBits on an exact code layout (exact_codes.py: Q4_0, Q8_0, Q4_K, Q6_K, IQ2_XXS) with
 # uint8 zero points, at the weight's accuracy level (0: f32 activations, 4: int8)
 NBITS_EXACT = "nbits-exact"
-FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -272,45 +269,3 @@ def runtime_view(op: OpBuilder, packed: ir.Value, x: ir.Value) -> ir.Value:
     shape = [int(d) for d in packed.shape]
     zero = op.Mul(op.Shape(x, start=0, end=1), op.Constant(value_ints=[0]))
     return op.Reshape(packed, op.Add(op.Constant(value_ints=shape), zero))
-
-
-def emit_moe_packed(
-    op: OpBuilder,
-    x: ir.Value,
-    scores: ir.Value,
-    mixing: ir.Value,
-    up: ir.Value,
-    down: ir.Value,
-    *,
-    k: int,
-    normalize: bool,
-    routed_scaling_factor: float,
-    up_type: GGMLType,
-    down_type: GGMLType,
-) -> ir.Value:
-    """A Nemotron-H routed-expert block as one com.microsoft MoEPacked node (CUDA only):
-    relu2 experts stored IQ2_XXS, selection by `scores` (the biased router scores, FP32) and
-    mixing by `mixing` (the unbiased sigmoid scores), as the router computes them."""
-    if up_type.name != MOE_PACKED_RELU2 or down_type.name != MOE_PACKED_RELU2:
-        raise ValueError(
-            f"MoEPacked relu2 takes {MOE_PACKED_RELU2} experts, got {up_type.name} / "
-            f"{down_type.name}"
-        )
-    if x.dtype not in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
-        raise TypeError(f"MoEPacked runs f16 / bf16 activations, got {x.dtype}")
-    out = op.MoEPacked(
-        x,
-        scores,
-        up,
-        None,
-        down,
-        mixing,
-        k=k,
-        activation_type="relu2",
-        gate_type=up_type.type_id,
-        down_type=down_type.type_id,
-        normalize_routing_weights=int(normalize),
-        routed_scaling_factor=routed_scaling_factor,
-        **contrib_op(op),
-    )
-    return typed(out, x.dtype, _dims(x))

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from mobius_lite.errors import CheckpointError, ConfigError
+from mobius_lite.layout import CONFIG_FILE
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 NVFP4_GROUP_SIZE = 16
@@ -327,7 +328,7 @@ def load_quantization(directory: str | Path) -> ModelOptQuantization | None:
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path}: not valid JSON ({error})") from error
 
-    return parse_quantization(read("config.json"), read(HF_QUANT_CONFIG))
+    return parse_quantization(read(CONFIG_FILE), read(HF_QUANT_CONFIG))
 
 
 # --- checkpoint headers against the scheme -------------------------------------------------
