@@ -224,15 +224,17 @@ def test_summary_fits_one_screen(checkpoint: Path, tmp_path: Path, capsys) -> No
 
 
 def test_in_memory_source_is_hashed_and_verified(tmp_path: Path) -> None:
-    """build_from_module: the state dict is the source; the manifest hashes its arrays and
-    save(verify=True) re-reads them."""
+    """build_from_module: the model's tensors under their saved names are the source; the
+    manifest hashes their arrays and save(verify=True) re-reads them."""
     from nemotron_reference import make_reference
 
     model = make_reference(dict(layers_block_type=["moe", "mamba"]))
     package = mobius_lite.build_from_module(model, dtype="f16")
     out = package.save(tmp_path / "pkg", quiet=True, verify=True, shard_size="8KB")
     manifest = read_manifest(out)
-    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    # the source names and bytes are those transformers' save_pretrained writes
+    model.save_pretrained(tmp_path / "checkpoint")
+    state = load_file(tmp_path / "checkpoint" / "model.safetensors")
     assert set(manifest["sources"]) | set(manifest["unused"]) == set(state)
     for name, entry in manifest["sources"].items():
         assert entry["sha256"] == hashlib.sha256(state[name].tobytes()).hexdigest(), name

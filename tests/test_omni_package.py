@@ -380,7 +380,7 @@ def test_build_from_module_binds_the_transformers_names(exported, tmp_path: Path
     """An in-memory Omni model names its tensors the transformers way (q_proj / k_proj /
     v_proj, multi_modal_projector, audio_tower, language_model.model.*); the package built from
     it holds exactly the bytes of the one built from save_pretrained's released layout
-    (transformers' own conversion fuses attn.qkv)."""
+    (transformers' own conversion fuses attn.qkv) and records the released names."""
     import onnx
     from onnx import numpy_helper
 
@@ -396,10 +396,23 @@ def test_build_from_module_binds_the_transformers_names(exported, tmp_path: Path
         assert a.keys() == b.keys(), graph
         for name in a:
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"{graph}: {name}")
+    # the manifest records the names save_pretrained writes (so verify --source matches) ...
     manifest = json.loads((out / "manifest.json").read_text())
-    source = manifest["sources"]["vision_model.encoder.layer.0.attention.q_proj.weight"]
-    assert source["transform"] == "concat"
+    source = manifest["sources"]["vision_model.radio_model.model.blocks.0.attn.qkv.weight"]
+    assert source["transform"] == "identity"
     assert source["initializer"] == "vision_model.encoder.layer.0.attention.qkv.weight"
+    # ... and the in-memory layout still binds, q_proj / k_proj / v_proj concatenated
+    from mobius_lite.build import package_graphs
+    from mobius_lite.enums import GraphRole
+    from mobius_lite.sources import MemorySource
+    from mobius_lite.tasks.options import ExportOptions
+
+    _, graphs, _, _ = package_graphs(
+        model.config.to_dict(), MemorySource(model.state_dict()), "safetensors", ExportOptions()
+    )
+    vision = next(g for g in graphs if g.role is GraphRole.VISION_ENCODER)
+    qkv = vision.plan.by_target()["vision_model.encoder.layer.0.attention.qkv.weight"]
+    assert qkv.transform == "concat" and qkv.sources[0].endswith("attention.q_proj.weight")
 
 
 def test_qualify_media_make_evs_choose(exported) -> None:

@@ -25,8 +25,11 @@ from mobius_lite.routes import (
 from mobius_lite.source_kinds import SOURCE_KINDS, layout_of, open_checkpoint
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.memory import checkpoint_state_dict
 from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraphs
 from mobius_lite.tasks.options import ExportOptions
+
+MODULE_HINT = "Check that the config given belongs to this module's weights."
 
 
 def check_task(task: str | None, model_type: str | None = None) -> str:
@@ -94,7 +97,14 @@ def build(
     model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
-    options = ExportOptions(precision, backend, dequantize, opened.unused_rules, mode)
+    options = ExportOptions(
+        precision,
+        backend,
+        dequantize,
+        opened.unused_rules,
+        activations=mode,
+        binding_hint=opened.binding_hint,
+    )
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
         config=exported.decoder,
@@ -120,8 +130,9 @@ def build_from_module(
     weights_backend: Backend | str = Backend.STANDARD,
     activations: Activations | str = Activations.EXACT,
 ) -> ModelPackage:
-    """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its state dict
-    is the source. `weights_backend` and `activations` as in build."""
+    """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its tensors, under
+    the names save_pretrained gives them, are the source, so the package verifies against the
+    saved checkpoint. `weights_backend` and `activations` as in build."""
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
@@ -130,8 +141,8 @@ def build_from_module(
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
     model_type, parsed = read_config(raw)
-    source = MemorySource(module.state_dict())
-    options = ExportOptions(precision, backend, activations=mode)
+    source = MemorySource(checkpoint_state_dict(module))
+    options = ExportOptions(precision, backend, activations=mode, binding_hint=MODULE_HINT)
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
         config=exported.decoder,

@@ -146,16 +146,21 @@ def open_checkpoint(
     return _configured_kind(opened.raw_config, opened.resolved.path).refine(opened)
 
 
-def local_tensors(path: str | Path) -> TensorSource:
-    """The tensor index of a local checkpoint (directory, .safetensors or .gguf file), with
-    each tensor's storage as an export sees it (a ModelOpt checkpoint's packed weights too)."""
+def local_kind(path: str | Path) -> SourceKind:
+    """The source kind of a local checkpoint (directory, .safetensors or .gguf file)."""
     path = Path(path)
     kind = _named_kind(path)
     if kind is None:
         kind = SAFETENSORS_KIND
         if path.is_dir() and (path / CONFIG_FILE).is_file():
             kind = _configured_kind(local_checkpoint(path).raw_config, path)
-    return kind.local_tensors(path)
+    return kind
+
+
+def local_tensors(path: str | Path) -> TensorSource:
+    """The tensor index of a local checkpoint (directory, .safetensors or .gguf file), with
+    each tensor's storage as an export sees it (a ModelOpt checkpoint's packed weights too)."""
+    return local_kind(path).local_tensors(Path(path))
 
 
 def resolve_source(source: str | Path, revision: str | None = None) -> ResolvedCheckpoint:

@@ -15,6 +15,7 @@ EPILOG = textwrap.dedent(
     examples:
       mobius qualify ./pkg --source ./checkpoint --prompt-ids 5,17,33,8 --steps 5 --output ./q
       mobius qualify ./pkg --source ./checkpoint --prompt "The capital of France is"
+      mobius qualify ./q8_pkg --source ./model-Q8_0.gguf --steps 3
       mobius qualify --rescore ./q
 
     report.json holds each verdict's evidence; arrays.npz every compared array. See
@@ -27,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "qualify",
         help="check a package against its source checkpoint: four separate verdicts",
         description="Run PACKAGE in onnxruntime and the source checkpoint in transformers "
-        "(torch FP32) on the same prompt: prefill, then --steps cached greedy decode steps, each "
+        "(torch FP32; a GGUF file's or ModelOpt checkpoint's weights decoded to FP32) on the "
+        "same prompt: prefill, then --steps cached greedy decode steps, each "
         "side fed its own previous token and state. Writes report.json (graph_validity, "
         "source_fidelity, numerical_parity, generation: each PASS / FAIL / NOT_RUN with its "
         "evidence) and arrays.npz. Gates are fixed: finite, NRMSE <= 0.03, cosine >= 0.999, "

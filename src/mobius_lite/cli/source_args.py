@@ -13,7 +13,8 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--source",
         metavar="CHECKPOINT",
         help="the checkpoint the package was built from: a directory of *.safetensors (with "
-        "or without model.safetensors.index.json), one .safetensors file, or a hub id "
+        "or without model.safetensors.index.json), one .safetensors file, a .gguf file, or a "
+        "hub id "
         "(at --revision or its pinned commit); default: the model and commit recorded in the "
         "package's manifest.json",
     )

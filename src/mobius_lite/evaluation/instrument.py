@@ -4,7 +4,9 @@ outputs for each block's output (hidden_states.{i}) and each MoE router's choice
 
 Which values to expose is read from build_decoder(config, hidden_state_outputs=True): its
 hidden_states.{i} outputs name the block outputs, and the package graph must hold the same
-values, produced by nodes of the same name and op type. Only Cast-to-FP32 nodes and graph
+values, produced by nodes of the same name. Where a package's nodes are named otherwise
+(packed GGUF / ModelOpt weights decode in extra nodes, so the numbering moves), a tap is found
+by its place in its block instead (`scoped_taps`). Only Cast-to-FP32 nodes and graph
 outputs are appended; no existing node, value or initializer is touched, and the graph keeps
 reading the package's own external data in place (nothing is copied).
 """
@@ -91,6 +93,54 @@ def _wanted_taps(
     return wanted, plain_nodes
 
 
+def block_scope(layer: int) -> str:
+    """The node-name prefix of decoder block `layer` (its norm, mixer and residual add)."""
+    return f"backbone/layers.{layer}/"
+
+
+def _scope_kind(nodes: list[onnx.NodeProto], layer: int) -> LayerKind:
+    """The mixer kind block `layer` of a graph computes, read from the ops in its scope."""
+    scope = block_scope(layer)
+    ops = {n.op_type for n in nodes if n.name.startswith(scope)}
+    if "LinearAttention" in ops:
+        return LayerKind.MAMBA
+    if "Attention" in ops:
+        return LayerKind.ATTENTION
+    if any(n.name.startswith(router_scope(layer)) and n.op_type == "TopK" for n in nodes):
+        return LayerKind.MOE
+    return LayerKind.MLP
+
+
+def scoped_taps(
+    nodes: list[onnx.NodeProto], config: NemotronHConfig
+) -> dict[str, tuple[str, str, int]]:
+    """The taps found by scope in a graph's own nodes: each block's output is its residual add
+    (the last Add directly in the block's scope), each router's choice the last TopK in its
+    scope (indices) and its scope's last node (weights). For a package whose nodes differ from
+    this version's dense build (packed weight formats add nodes), where name-for-name matching
+    cannot work; a block whose ops are not those of its configured kind gets no tap."""
+    wanted: dict[str, tuple[str, str, int]] = {}
+    for layer in config.layers:
+        scope = block_scope(layer.index)
+        if _scope_kind(nodes, layer.index) is not layer.kind:
+            continue  # not the block the config describes: tapping it would compare the wrong
+        direct = [
+            n
+            for n in nodes
+            if n.name.startswith(scope) and "/" not in n.name[len(scope) :] and n.op_type == "Add"
+        ]
+        if direct:
+            wanted[f"hidden_states.{layer.index}"] = (direct[-1].output[0], direct[-1].name, 0)
+        if layer.kind is not LayerKind.MOE:
+            continue
+        gate = [n for n in nodes if n.name.startswith(router_scope(layer.index))]
+        topk = [n for n in gate if n.op_type == "TopK"]
+        if topk:
+            wanted[f"routing.{layer.index}.indices"] = (topk[-1].output[1], topk[-1].name, 1)
+            wanted[f"routing.{layer.index}.weights"] = (gate[-1].output[0], gate[-1].name, 0)
+    return wanted
+
+
 def instrument(package_model: Path, config: NemotronHConfig) -> Instrumentation:
     """Add the hidden-state and routing taps to the package graph at `package_model`."""
     model = onnx.load(str(package_model), load_external_data=False)
@@ -113,8 +163,12 @@ def instrument(package_model: Path, config: NemotronHConfig) -> Instrumentation:
         got = package_nodes[at] if at < len(package_nodes) else "(end of graph)"
         want = built_nodes[at] if at < len(built_nodes) else "(end of graph)"
         result.first_difference = f"node {at}: package has {got}, this version builds {want}"
+    scoped = scoped_taps(list(model.graph.node), config)
     for name, (value, node_name, index) in wanted.items():
         found = producers.get(value)
+        if (found is None or found[0].name != node_name) and name in scoped:
+            value, node_name, index = scoped[name]  # packed formats: other node names
+            found = producers.get(value)
         if found is None or found[0].name != node_name or found[1] != index:
             result.missing.append(
                 f"{name}: value {value} (from node {node_name}) is not in the package graph"

@@ -38,6 +38,15 @@ from mobius_lite.evaluation.instrument import (
     instrument,
     package_precision,
 )
+from mobius_lite.evaluation.qualify_sources import (
+    GGUF_SOURCE,
+    MODELOPT_SOURCE,
+    SAFETENSORS_SOURCE,
+    check_same_model,
+    reference_checkpoint,
+    source_config,
+    source_kind,
+)
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, Verdict
 from mobius_lite.evaluation.validity import (
     check_graph,
@@ -58,6 +67,12 @@ RESCORE_FILE = "rescore.json"
 VERDICTS = ("graph_validity", "source_fidelity", "numerical_parity", "generation")
 DEFAULT_STEPS = 5
 DEFAULT_PROMPT_LENGTH = 16
+# what the reference computes with, per source kind (evaluation/qualify_sources.py)
+REFERENCE_WEIGHTS = {
+    SAFETENSORS_SOURCE: "the checkpoint's tensors, loaded by transformers",
+    GGUF_SOURCE: "the GGUF tensors dequantized to FP32 by gguf-py, converter changes undone",
+    MODELOPT_SOURCE: "the ModelOpt weights decoded to FP32 (NVFP4 / FP8 reference decodes)",
+}
 VERSIONED_PACKAGES = (
     "mobius_lite",
     "numpy",
@@ -70,6 +85,7 @@ VERSIONED_PACKAGES = (
     "torch",
     "transformers",
     "safetensors",
+    "gguf",
 )
 
 
@@ -164,26 +180,6 @@ def prompt_tokens(
     if bad:
         raise ConfigError(f"--prompt-ids {bad} are outside the vocabulary [0, {config.vocab_size})")
     return list(prompt_ids), "--prompt-ids"
-
-
-def _check_same_model(package: NemotronHConfig, source: NemotronHConfig, where: Path) -> None:
-    """The source must describe the same decoder as the package, or nothing is comparable."""
-    problems = []
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers"):
-        if getattr(package, name) != getattr(source, name):
-            problems.append(f"{name} {getattr(package, name)} vs {getattr(source, name)}")
-    if not problems:
-        differing = [
-            f"layer {a.index} ({a.kind.value} vs {b.kind.value})"
-            for a, b in zip(package.layers, source.layers, strict=True)
-            if a != b
-        ]
-        problems += differing[:3]
-    if problems:
-        raise ConfigError(
-            f"--source {where} is not the model this package was built from (package vs "
-            f"source: {'; '.join(problems)}); pass the checkpoint the package was exported from"
-        )
 
 
 # ----------------------------------------------------------------------------- runs
@@ -297,14 +293,21 @@ def _package_runs(
 
 
 def _reference_run(
-    source: Path, config: NemotronHConfig, model_type: str, prompt: list[int], steps: int
+    source: Path,
+    config: NemotronHConfig,
+    model_type: str,
+    prompt: list[int],
+    steps: int,
+    kind: str = SAFETENSORS_SOURCE,
+    source_raw: dict[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     from mobius_lite.evaluation.reference import ReferenceRunner, load_reference, pinned_torch
 
     kinds = [layer.kind for layer in config.layers]
     arrays: dict[str, np.ndarray] = {}
-    with pinned_torch() as pinned:
-        model = load_reference(source, model_type)
+    with pinned_torch() as pinned, tempfile.TemporaryDirectory(prefix="mobius-dense-") as tmp:
+        checkpoint = reference_checkpoint(source, kind, source_raw or {}, Path(tmp))
+        model = load_reference(checkpoint, model_type)
         runner = ReferenceRunner(model, kinds)
         ids = np.array([prompt], dtype=np.int64)
         for step in _step_names(steps):
@@ -315,6 +318,7 @@ def _reference_run(
         runner.close()
         del model, runner
     facts = {"implementation": MODEL_TYPES[model_type].reference_name}
+    facts["weights"] = REFERENCE_WEIGHTS[kind]
     facts["torch_flags"] = pinned
     return arrays, facts
 
@@ -337,16 +341,16 @@ def qualify(
     ep: str = "cpu",
     quiet: bool = True,
 ) -> QualifyReport:
-    """Qualify `package` against the checkpoint `source`; write report.json + arrays.npz into
-    `output` (default: a new temporary directory, report.directory says which). `ep` picks
-    the onnxruntime execution provider; unless `quiet`, each long step is announced on
-    stderr."""
+    """Qualify `package` against `source`, the checkpoint directory or .gguf file it was built
+    from (GGUF and ModelOpt weights are decoded to FP32 for the reference); write report.json
+    + arrays.npz into `output` (default: a new temporary directory, report.directory says
+    which). `ep` picks the onnxruntime execution provider; unless `quiet`, each long step is
+    announced on stderr."""
     package_dir = Path(package)
     source_dir = Path(source)
     if not (package_dir / DECODER_FILE).is_file():
         raise PackageError(f"{package_dir}: no {DECODER_FILE}; pass a package directory")
-    if not source_dir.is_dir():
-        raise ConfigError(f"--source {source_dir}: not a checkpoint directory")
+    kind = source_kind(source_dir)
     if steps < 0:
         raise ConfigError(f"--steps must be >= 0, found {steps}")
     out_dir = Path(output) if output is not None else None  # created once inputs are good
@@ -357,9 +361,9 @@ def qualify(
     if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:  # media graphs: their own runs
         return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
     config = load_text_config(raw)
-    source_raw = read_config_json(source_dir)
+    source_raw = source_config(source_dir, kind, raw)
     model_type = str(source_raw.get("model_type", raw.get("model_type")))
-    _check_same_model(config, load_text_config(source_raw), source_dir)
+    check_same_model(config, load_text_config(source_raw), source_dir)
     ids, prompt_origin = prompt_tokens(config, package_dir, source_dir, prompt_ids, prompt)
     if out_dir is None:
         out_dir = default_output(package_dir)
@@ -380,7 +384,9 @@ def qualify(
     if facts["session"].get("ok"):
         say("running the reference (transformers, torch FP32)")
         try:
-            reference, reference_facts = _reference_run(source_dir, config, model_type, ids, steps)
+            reference, reference_facts = _reference_run(
+                source_dir, config, model_type, ids, steps, kind, source_raw
+            )
         except Exception as exc:  # evidence for the report, never a traceback
             reference_facts = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
 

@@ -17,6 +17,7 @@ import onnx
 
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
 from mobius_lite.layout import MANIFEST_FILE
+from mobius_lite.weights.manifest import read_manifest
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 
@@ -119,6 +120,12 @@ def source_fidelity(package_dir: Path, source: Path | None) -> Verdict:
             evidence,
         )
     first = mismatches[0] if mismatches else ""
+    # mismatches are problems (a name absent from the checkpoint, bytes that differ, ...), not
+    # tensors: count the package's source tensors, and say how many were compared
+    total = len(read_manifest(package_dir)["sources"])
     return Verdict(
-        FAIL, f"{len(mismatches)} of {report.checked} tensors differ (first: {first})", evidence
+        FAIL,
+        f"{len(mismatches)} problems over the package's {total} source tensors, "
+        f"{report.checked} of them compared byte by byte (first: {first})",
+        evidence,
     )

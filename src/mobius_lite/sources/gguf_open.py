@@ -134,6 +134,18 @@ def open_gguf(
     extras: dict[str, Path | bytes] = {}
     if checkpoint.metadata.get(TOKENIZER_KEY):
         extras.update(gguf_tokenizer_files(checkpoint.metadata))
+    hint = (
+        f"Check that --config {config_json} belongs to this GGUF file."
+        if config_json is not None
+        else "The config was read from the GGUF file's own metadata, so the file itself is "
+        "inconsistent: re-convert the model with llama.cpp's convert_hf_to_gguf.py."
+    )
     return OpenedCheckpoint(
-        GGUF, raw, resolved, extras, open_tensors=GGUFCheckpoint, unused_rules=UNUSED_RULES
+        GGUF,
+        raw,
+        resolved,
+        extras,
+        open_tensors=GGUFCheckpoint,
+        unused_rules=UNUSED_RULES,
+        binding_hint=hint,
     )

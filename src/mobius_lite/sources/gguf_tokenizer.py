@@ -17,6 +17,9 @@ from tokenizers import processors
 from mobius_lite.errors import CheckpointError
 
 TOKENIZER_PREFIX = "tokenizer."
+MODEL_KEY = "tokenizer.ggml.model"
+MERGES_KEY = "tokenizer.ggml.merges"
+BYTE_LEVEL_BPE = "gpt2"  # llama.cpp's name for a byte-level BPE vocabulary
 SPECIAL_IDS = {
     "bos_token": "tokenizer.ggml.bos_token_id",
     "eos_token": "tokenizer.ggml.eos_token_id",
@@ -62,10 +65,24 @@ def gguf_tokenizer_files(metadata: Mapping[str, Any]) -> dict[str, bytes]:
     if not tokens:
         raise CheckpointError("GGUF metadata has no tokenizer.ggml.tokens: no tokenizer to write")
     architecture = str(metadata.get("general.architecture", ""))
+    kind = tokenizer_dict.get("tokenizer_type")
+    if kind == BYTE_LEVEL_BPE and not tokenizer_dict.get("merges"):
+        # transformers would derive merges from scores a BPE file does not have (KeyError)
+        raise CheckpointError(
+            f"the GGUF tokenizer is byte-level BPE ({MODEL_KEY} = {kind!r}) but has no "
+            f"{MERGES_KEY}, so it cannot be rebuilt (llama.cpp refuses such a file too); "
+            "re-convert the model with llama.cpp's convert_hf_to_gguf.py, which writes them"
+        )
     try:
         backend, _ = convert_gguf_tokenizer(architecture, tokenizer_dict)
     except ValueError as err:
         raise CheckpointError(f"cannot rebuild the GGUF tokenizer: {err}") from None
+    except KeyError as err:  # a field this tokenizer kind needs is absent
+        raise CheckpointError(
+            f"cannot rebuild the GGUF tokenizer ({MODEL_KEY} = {kind!r}): its metadata has no "
+            f"tokenizer.ggml.{err.args[0]}; re-convert the model with llama.cpp's "
+            "convert_hf_to_gguf.py"
+        ) from None
 
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     for name, key in SPECIAL_IDS.items():

@@ -1,4 +1,5 @@
-"""A tensor source over in-memory arrays (a torch module's state dict, or numpy arrays)."""
+"""A tensor source over in-memory arrays (a torch module's state dict, or numpy arrays), and a
+transformers model's tensors under the names its save_pretrained writes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,34 @@ def to_numpy(tensor: Any) -> np.ndarray:
 
 
 MEMORY = "memory"
+
+
+def checkpoint_state_dict(module: Any) -> dict[str, Any]:
+    """`module`'s tensors named and laid out as `module.save_pretrained` writes them.
+
+    transformers 5.x renames and fuses tensors when it loads a checkpoint (`backbone.` becomes
+    `model.`, per-expert tensors become one stacked tensor, RADIO's q/k/v come apart) and undoes
+    that when it saves. A package made from the in-memory names would record names no saved
+    checkpoint has, and `mobius verify --source` could match none of them; so the same steps as
+    save_pretrained apply here (tied aliases dropped, the conversion reverted), in memory. A
+    module that is not a transformers model gives its state dict unchanged.
+    """
+    state = module.state_dict()
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return state
+    if not isinstance(module, PreTrainedModel):
+        return state
+    try:  # transformers 5.x's save path; older versions keep the checkpoint names in memory
+        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    except ImportError:
+        return state
+    for key in module._keys_to_ignore_on_save or ():
+        state.pop(key, None)
+    state = remove_tied_weights_from_state_dict(state, module)
+    return revert_weight_conversion(module, state)
 
 
 class MemorySource:

@@ -34,6 +34,8 @@ class OpenedCheckpoint:
     # source tensors the export deliberately does not use (name regex -> reason), beyond the
     # model's own rules: e.g. ModelOpt's activation scales
     unused_rules: dict[str, str] = field(default_factory=dict)
+    # what a binding error tells the user to check (the config comes from this kind's files)
+    binding_hint: str = "Check that config.json belongs to these weights."
 
     def with_weights(self) -> OpenedCheckpoint:
         """The same checkpoint with its weight files present (hub: the same commit's)."""

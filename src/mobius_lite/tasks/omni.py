@@ -58,8 +58,11 @@ def _bind(
     source: TensorSource,
     names: NameMap,
     rules: dict[str, str],
+    hint: str,
 ) -> GraphRecord:
-    plan = plan_bindings(graph_parameters(model), source, names, rules, account_for_all=False)
+    plan = plan_bindings(
+        graph_parameters(model), source, names, rules, account_for_all=False, hint=hint
+    )
     check_source_dtypes(plan.bindings)
     bind_model(model, plan, source)
     return GraphRecord(role, model, plan)
@@ -117,9 +120,12 @@ def omni_graphs(
         towers.append((GraphRole.AUDIO_ENCODER, build_audio_graph(audio, ctx)))
 
     graphs = [
-        _bind(GraphRole.DECODER, decoder, source, names, rules),
-        _bind(GraphRole.EMBEDDING, embedding, source, names, rules),
-        *(_bind(role, model, source, tower_names, rules) for role, model in towers),
+        _bind(GraphRole.DECODER, decoder, source, names, rules, options.binding_hint),
+        _bind(GraphRole.EMBEDDING, embedding, source, names, rules, options.binding_hint),
+        *(
+            _bind(role, model, source, tower_names, rules, options.binding_hint)
+            for role, model in towers
+        ),
     ]
     return TaskGraphs(text, graphs, shared_sources(graphs), config.raw)
 

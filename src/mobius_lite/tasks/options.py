@@ -14,7 +14,7 @@ from mobius_lite.formats.weight import WeightFormatResolver
 from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
-from mobius_lite.weights.binding import source_weight_formats
+from mobius_lite.weights.binding import CONFIG_JSON_HINT, source_weight_formats
 
 
 @dataclass(frozen=True)
@@ -22,13 +22,15 @@ class ExportOptions:
     """precision: weights and activations; backend: what packed formats emit; dequantize:
     every weight dense in `precision` instead; unused_rules: the source kind's deliberately
     unused tensors (name regex -> reason), beyond the model's own; activations: how packed
-    matmuls and experts compute on onnxruntime's CPU kernels."""
+    matmuls and experts compute on onnxruntime's CPU kernels; binding_hint: what a binding
+    error tells the user to check for this source."""
 
     precision: Precision = Precision.F32
     backend: Backend = Backend.STANDARD
     dequantize: bool = False
     unused_rules: Mapping[str, str] = field(default_factory=dict)
     activations: Activations = Activations.EXACT  # the CPU kernel mode (--activations)
+    binding_hint: str = CONFIG_JSON_HINT  # the last sentence of a binding error
 
     def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
         """The weight-format resolver for graphs bound through `names`: packed formats unless

@@ -46,6 +46,7 @@ def text_generation_graphs(
         source,
         layout.names,
         {**unused_tensor_rules(config), **options.unused_rules},
+        hint=options.binding_hint,
     )
     check_source_dtypes(plan.bindings)
     bind_model(decoder, plan, source)

@@ -31,6 +31,7 @@ from mobius_lite.sources.base import TensorInfo, TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
 MAX_LISTED = 20
+CONFIG_JSON_HINT = "Check that config.json belongs to these weights."
 
 
 class ExactNames:
@@ -99,12 +100,15 @@ def plan_bindings(
     intentionally_unused: Mapping[str, str] | None = None,
     *,
     account_for_all: bool = True,
+    hint: str = CONFIG_JSON_HINT,
 ) -> BindingPlan:
     """Match every parameter (name -> (shape, dtype)) to source tensors; raise on any mismatch.
 
     intentionally_unused maps source-name regexes to the reason they are not exported. With
     account_for_all=False (a graph that uses part of a checkpoint), source tensors no
-    parameter asks for are neither errors nor listed: the package accounts for them.
+    parameter asks for are neither errors nor listed: the package accounts for them. `hint`
+    ends the error: what to check for this kind of source. Errors name the source's own
+    tensor names (what the file holds), with the graph parameter where it is named otherwise.
     """
     names = names or ExactNames()
     available = set(source.names())
@@ -115,7 +119,8 @@ def plan_bindings(
 
     for target, (shape, dtype) in parameters.items():
         shape = tuple(shape)
-        for candidate in map(as_ref, names.alternatives(target, shape)):
+        alternatives = list(map(as_ref, names.alternatives(target, shape)))
+        for candidate in alternatives:
             present = [n for n in candidate.names if n in available]
             if not present:
                 continue
@@ -129,7 +134,7 @@ def plan_bindings(
                 bindings.append(binding)
             break
         else:
-            missing.append(target)
+            missing.append(_expected_name(target, alternatives))
 
     unused: dict[str, str] = {}
     rules = [(re.compile(p), reason) for p, reason in (intentionally_unused or {}).items()]
@@ -153,11 +158,20 @@ def plan_bindings(
         problems.append(f"tensors the config does not use: {format_names(leftover)}")
     if problems:
         raise CheckpointError(
-            "the checkpoint does not match its config: "
-            + "; ".join(problems)
-            + ". Check that config.json belongs to these weights."
+            "the checkpoint does not match its config: " + "; ".join(problems) + ". " + hint
         )
     return BindingPlan(bindings=bindings, unused=unused)
+
+
+def _expected_name(target: str, alternatives: list[SourceRef]) -> str:
+    """A missing parameter as the source would name it: the first name the name map looks for
+    (a run of per-expert slices shown as its first and last), and the graph parameter when
+    that differs."""
+    if not alternatives:
+        return target
+    names = alternatives[0].names
+    expected = names[0] if len(names) == 1 else f"{names[0]} ... {names[-1]}"
+    return expected if expected == target else f"{expected} (graph parameter {target})"
 
 
 def _bound_twice(bindings: list[Binding]) -> list[str]:
@@ -217,7 +231,13 @@ def _plan_one(
     if len(storages) != 1:
         misshaped.append(f"{target}: slices stored as {sorted(s.name for s in storages)}")
         return None
-    conversion = source_conversion(ref, infos[0], dtype)
+    try:
+        conversion = source_conversion(ref, infos[0], dtype)
+    except CheckpointError as exc:  # a layout that cannot apply to this shape (e.g. head rows)
+        misshaped.append(
+            f"{infos[0].name}: checkpoint {list(infos[0].shape)}, expected {list(expected)} ({exc})"
+        )
+        return None
     bad = [
         f"{i.name}: checkpoint {list(i.shape)}"
         for i in infos
