@@ -32,17 +32,13 @@ def session_options(threads: int) -> Any:
     return options
 
 
-def open_package(
-    package: Path, options: Any, config: Any = None, model_file: Path | None = None
-) -> tuple[Any, float]:
-    """(DecoderSession over the package's decoder, seconds its creation took). `config`:
-    the package's own config.json unless given; `model_file`: another decoder graph."""
-    from mobius_lite.configs import NemotronHConfig
+def open_package(package: Path, options: Any, model_file: Path | None = None) -> tuple[Any, float]:
+    """(DecoderSession over the package's decoder, seconds its creation took); `model_file`:
+    another decoder graph. The session reads its inputs' dtypes and cache shapes itself."""
     from mobius_lite.runtime import DecoderSession
 
-    config = config if config is not None else NemotronHConfig.from_file(package)
     start = time.perf_counter()
-    session = DecoderSession(model_file or package / DECODER_FILE, config, session_options=options)
+    session = DecoderSession(model_file or package / DECODER_FILE, session_options=options)
     return session, time.perf_counter() - start
 
 

@@ -218,16 +218,11 @@ def decode_profile(package: Path, plain: Any, token: np.ndarray, calls: int, thr
 
     from profile_decoder import breakdown, kernel_events, last_calls, top_level_names
 
-    from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
-
     with tempfile.TemporaryDirectory() as tmp:
         options = session_options(threads)
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "decode")
-        session = DecoderSession(
-            package / "model.onnx", NemotronHConfig.from_file(package), session_options=options
-        )
+        session, _ = open_package(package, options)
         session.past, session.mask = dict(plain.past), plain.mask.copy()
         for _ in range(calls + 1):  # the first call's allocations stay out of the figure
             token = session.step(token)["logits"][:, -1].argmax(-1)[:, None]

@@ -88,7 +88,7 @@ def bench_decode(package: Path, threads: int, decode_tokens: int) -> dict:
     from mobius_lite.configs import NemotronHConfig
 
     config = NemotronHConfig.from_file(package)
-    session, created = open_package(package, session_options(threads), config)
+    session, created = open_package(package, session_options(threads))
     prompt = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 16))
     session.reset(1)
     out = session.step(prompt.astype(np.int64))

@@ -215,11 +215,9 @@ def export(checkpoint: Path, output: Path, backend: str) -> dict:
 def run_session(package: Path, raw: dict[str, Any], threads: int) -> dict:
     import onnxruntime as ort
 
-    from mobius_lite.configs.loader import load_text_config
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session, created = open_package(package, options, load_text_config(raw))
+    session, created = open_package(package, options)
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, raw["vocab_size"], size=(1, 16)).astype(np.int64)
     start = time.perf_counter()

@@ -46,25 +46,17 @@ def build(checkpoint: Path, output: Path, backend: str) -> Path:
 
 def run(package: Path, prompt: np.ndarray, tokens: list[int] | None) -> list[np.ndarray]:
     """Logits at prefill and STEPS cached steps; fed `tokens` when given, else its own."""
-    import onnx_ir as ir
     import onnxruntime as ort
 
-    from mobius_lite.configs import NemotronHConfig
-    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.runtime import DecoderSession, greedy
 
     session = DecoderSession(
         package / DECODER_FILE,
-        NemotronHConfig.from_file(package),
-        ir.DataType.FLOAT16,
         providers=["CUDAExecutionProvider"],
         session_options=ort.SessionOptions(),
     )
-    session.reset(1)
-    out = [session.step(prompt)["logits"][:, -1].astype(np.float32)]
-    for i in range(STEPS):
-        token = tokens[i] if tokens is not None else int(out[-1][0].argmax())
-        out.append(session.step(np.array([[token]], np.int64))["logits"][:, -1].astype(np.float32))
-    return out
+    generation = greedy(session, prompt, STEPS + 1, forced=tokens)
+    return [out["logits"][:, -1].astype(np.float32) for out in generation.outputs]
 
 
 def compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

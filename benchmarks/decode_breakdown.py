@@ -210,7 +210,7 @@ def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode:
     from mobius_lite.configs import NemotronHConfig
 
     config = NemotronHConfig.from_file(config_dir)
-    session, _ = open_package(path, session_options(threads), config)
+    session, _ = open_package(path, session_options(threads))
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, prompt))
     prefill = {}
     for keep in (0, 1, 0, 1):

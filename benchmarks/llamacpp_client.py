@@ -167,17 +167,14 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
 def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
+    from mobius_lite.runtime import greedy
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session, _ = open_package(package, options)
-    out = session.step(np.array([prompt], dtype=np.int64))
-    logits = [out["logits"][0, -1].astype(np.float32)]
-    tokens = [int(logits[-1].argmax())]
-    for _ in range(steps - 1):
-        out = session.step(np.array([[tokens[-1]]], dtype=np.int64))
-        logits.append(out["logits"][0, -1].astype(np.float32))
-        tokens.append(int(logits[-1].argmax()))
-    return {"tokens": tokens, "logits": logits}
+    generation = greedy(session, np.array([prompt], dtype=np.int64), steps)
+    logits = [out["logits"][0, -1].astype(np.float32) for out in generation.outputs]
+    return {"tokens": generation.tokens, "logits": logits}
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

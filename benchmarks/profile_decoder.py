@@ -221,22 +221,20 @@ def run_profile(
 ) -> dict[str, Any]:
     """Profile one prefill (after a warm-up call) and `decode_tokens` cached steps; the decode
     session starts from caches a plain session filled, so its trace holds decode calls only."""
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
-    config = NemotronHConfig.from_file(package)
     prompt = np.random.default_rng(0).integers(3, MID["vocab_size"], size=(1, prompt_length))
     declared = top_level_names(package)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         plain = DecoderSession(
-            package / DECODER_FILE, config, session_options=session_options(threads, None, level)
+            package / DECODER_FILE, session_options=session_options(threads, None, level)
         )
         plain.reset(1)
         prefilled = plain.step(prompt)
         for phase in ("prefill", "decode"):
             options = session_options(threads, str(Path(tmp) / phase), level)
-            session = DecoderSession(package / DECODER_FILE, config, session_options=options)
+            session = DecoderSession(package / DECODER_FILE, session_options=options)
             wall = []
             if phase == "prefill":
                 for _ in range(2):  # the first call's allocations stay out of the figure
@@ -263,14 +261,12 @@ def run_profile(
 
 def load_figures(package: Path, threads: int, level: str) -> dict[str, Any]:
     """Session creation time and resident memory (this process) against the weight bytes."""
-    from mobius_lite.configs import NemotronHConfig
     from mobius_lite.runtime import DecoderSession
 
-    config = NemotronHConfig.from_file(package)
     before = rss_bytes()
     start = time.perf_counter()
     session = DecoderSession(
-        package / DECODER_FILE, config, session_options=session_options(threads, None, level)
+        package / DECODER_FILE, session_options=session_options(threads, None, level)
     )
     created = time.perf_counter() - start
     after_create = rss_bytes()

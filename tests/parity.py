@@ -105,7 +105,7 @@ def drive_parity(
         mask[row, :pad] = 0
     real = mask.astype(bool)
 
-    session = DecoderSession(package_dir / "model.onnx", config)
+    session = DecoderSession(package_dir / "model.onnx")
     run = ParityRun()
     with pinned_torch():
         ref_mask = torch.from_numpy(mask)

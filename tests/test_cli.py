@@ -94,7 +94,7 @@ def _assert_logits_match(model, checkpoint, package) -> None:
     """The package's prefill logits against the reference model's, FP32 gates."""
     config = NemotronHConfig.from_file(checkpoint)
     ids = np.random.default_rng(0).integers(3, config.vocab_size, size=(1, 9)).astype(np.int64)
-    ours = DecoderSession(package / "model.onnx", config).step(ids)["logits"]
+    ours = DecoderSession(package / "model.onnx").step(ids)["logits"]
     with pinned_torch():
         expected = model(torch.from_numpy(ids)).logits.float().numpy()
     result = compare("logits", ours, expected)
@@ -197,10 +197,11 @@ def test_inspect_reads_no_weight_data(reference, tmp_path, capsys):
     _, checkpoint = reference
     out = tmp_path / "pkg"
     assert run(["build", "--model", str(checkpoint), "--output", str(out), "-q"], capsys)[0] == 0
-    (out / "model.onnx.data").write_bytes(b"")  # weights gone: inspect must still work
-    code, stdout, _ = run(["inspect", str(out / "model.onnx")], capsys)
-    assert code == 0
+    (out / "model.onnx.data").write_bytes(b"")  # weights gone: inspect must still describe it
+    code, stdout, err = run(["inspect", str(out / "model.onnx")], capsys)
     assert "model.onnx.data:" in stdout and "[TRUNCATED]" in stdout
+    # ...and say in one line (exit 2) that nothing can run it
+    assert code == 2 and err.count("\n") == 1 and "model.onnx.data is truncated" in err
     (out / "model.onnx.data").unlink()
     code, stdout, _ = run(["inspect", str(out), "--json"], capsys)
     files = json.loads(stdout)["models"][0]["external_data"]

@@ -28,7 +28,6 @@ from formats.emit_harness import run_emitter
 from gguf_fixtures import random_blocks, write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
-from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.layers import MoESpec
 from mobius_lite.evaluation.metrics import (
     FP32_COSINE,
@@ -290,8 +289,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _greedy(package: Path, prompt: list[int]) -> tuple[list[int], list[np.ndarray]]:
-    config = NemotronHConfig.from_dict(json.loads((package / "config.json").read_text()))
-    session = DecoderSession(package / "model.onnx", config)
+    session = DecoderSession(package / "model.onnx")
     logits = session.step(np.array([prompt]))["logits"][0, -1]
     tokens, steps = [], []
     for _ in range(GREEDY_STEPS):
@@ -409,7 +407,7 @@ def test_dense_experts_on_the_moe_kernel_match_transformers(tmp_path: Path) -> N
     out = package.save(tmp_path / "pkg", quiet=True)
     assert "MoE" in _ops(out)
     prompt = PROMPTS[0]
-    session = DecoderSession(out / "model.onnx", package.config)
+    session = DecoderSession(out / "model.onnx")
     ours = session.step(np.array([prompt]))["logits"][0]
     with torch.no_grad():
         reference = model(torch.tensor([prompt])).logits[0].numpy()

@@ -470,7 +470,7 @@ def test_f16_activations_stay_within_the_release_gates(
     package = _export(entry["files"], tmp_path / "f16", "--dtype", "f16")
     config = NemotronHConfig.from_file(package)
     ids = np.random.default_rng(1).integers(3, config.vocab_size, size=(1, 9))
-    session = DecoderSession(package / "model.onnx", config, ir.DataType.FLOAT16)
+    session = DecoderSession(package / "model.onnx")
     ours = session.step(ids)["logits"]
     with pinned_torch():
         expected = _reference(entry)(torch.from_numpy(ids)).logits.float().numpy()

@@ -138,7 +138,6 @@ def test_f16_package_stays_within_the_release_gates(
 ) -> None:
     """--dtype f16 on both backends (the scaled NVFP4 linears compute in FP32 and round
     once): prefill logits against the same reference within the release gates."""
-    import onnx_ir as ir
     import torch
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
@@ -150,7 +149,7 @@ def test_f16_package_stays_within_the_release_gates(
     assert main([*args, "--dtype", "f16", "--weights-backend", backend]) == 0
     config = NemotronHConfig.from_file(package)
     ids = np.random.default_rng(1).integers(3, config.vocab_size, size=(1, 9))
-    ours = DecoderSession(package / "model.onnx", config, ir.DataType.FLOAT16).step(ids)["logits"]
+    ours = DecoderSession(package / "model.onnx").step(ids)["logits"]
     with pinned_torch():
         expected = _reference(mixed)(torch.from_numpy(ids)).logits.float().numpy()
     result = compare("f16 prefill logits", ours, expected)

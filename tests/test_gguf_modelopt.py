@@ -93,7 +93,7 @@ def _modelopt_values(dense: dict[str, np.ndarray], gguf_name: str) -> np.ndarray
 
 def _steps(package: Path, config: NemotronHConfig, ids: np.ndarray):
     """Prefill then STEPS greedy steps; each step's outputs and the token it picked."""
-    session = DecoderSession(package / "model.onnx", config)
+    session = DecoderSession(package / "model.onnx")
     outputs = session.step(ids)
     yield outputs
     for _ in range(STEPS):

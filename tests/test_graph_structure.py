@@ -79,7 +79,7 @@ def test_f16_runs_on_cpu_within_release_gates(tmp_path: Path) -> None:
     reference.save_pretrained(tmp_path / "ckpt")
     package = mobius_lite.build(tmp_path / "ckpt", dtype="f16")
     out = package.save(tmp_path / "pkg")
-    session = DecoderSession(out / "model.onnx", package.config, ir.DataType.FLOAT16)
+    session = DecoderSession(out / "model.onnx")
     ids = np.random.default_rng(0).integers(3, 97, size=(1, 12))
     ours = session.step(ids)["logits"]
     with pinned_torch():

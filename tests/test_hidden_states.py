@@ -17,8 +17,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.loader import load_config_file
 from mobius_lite.evaluation.instrument import external_data_session_options, instrument
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-from mobius_lite.graphs.cache import cache_tensors
-from mobius_lite.runtime import empty_cache
+from mobius_lite.graphs.cache import BATCH, PAST, cache_tensors
 from nemotron_reference import make_reference, pinned_torch
 
 PATTERN = ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]
@@ -39,7 +38,13 @@ def _run(session: ort.InferenceSession, config: NemotronHConfig, tokens: list[li
     """Feed the given calls (prefill, then one token each), carrying the session's own cache."""
     names = [o.name for o in session.get_outputs()]
     cache = cache_tensors(config.layers, onnx_dtype())
-    past = empty_cache(cache, 1)
+    past = {  # zero states, attention K/V with no past positions (the cache ABI's shapes)
+        c.past_name: np.zeros(
+            [1 if d == BATCH else 0 if d == PAST else int(d) for d in c.past_shape],
+            c.dtype.numpy(),
+        )
+        for c in cache
+    }
     length, results = 0, []
     for ids in tokens:
         length += len(ids)

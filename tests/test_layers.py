@@ -15,7 +15,7 @@ ROOT = Path(mobius_lite.__file__).parent
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("enums", "errors", "layout", "sizes", "hashing", "registry", "version"),
+    ("enums", "errors", "layout", "sizes", "hashing", "registry", "version", "optional"),
     ("formats",),
     ("sources",),
     ("configs",),
@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("source_kinds",),
     ("graphs",),
     ("weights",),
-    ("package", "genai_config", "runtime", "omni_runtime", "media", "routes"),
+    ("package", "package_reader", "genai_config", "runtime", "omni_runtime", "media", "routes"),
     ("tasks",),
     ("build",),
     ("evaluation",),

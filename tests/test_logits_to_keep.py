@@ -41,7 +41,7 @@ def test_last_positions_match_transformers(exported, keep: int) -> None:
             logits_to_keep=keep,
             position_ids=torch.arange(PROMPT).expand(2, -1),
         ).logits.float()
-    session = DecoderSession(package / "model.onnx", config)
+    session = DecoderSession(package / "model.onnx")
     session.reset(2)
     ours = session.step(ids, mask, logits_to_keep=keep)["logits"]
     assert ours.shape == tuple(ref.shape) == (2, min(keep, PROMPT), config.vocab_size)
@@ -58,7 +58,7 @@ def test_not_fed_means_every_position(exported) -> None:
     """Runtimes that do not know the input (onnxruntime-genai) get [batch, sequence, vocab]."""
     model, config, package = exported
     ids, mask = _inputs(config.vocab_size)
-    session = DecoderSession(package / "model.onnx", config)
+    session = DecoderSession(package / "model.onnx")
     session.reset(2)
     full = session.step(ids, mask)["logits"]
     session.reset(2)

@@ -153,6 +153,7 @@ def test_taps_by_scope_are_the_dense_builds_taps() -> None:
     """On a dense build the scope rule finds exactly the values the name-for-name rule does."""
     import onnx_ir as ir
 
+    from mobius_lite.components.context import BuildContext
     from mobius_lite.configs.loader import load_text_config
     from mobius_lite.enums import Precision
     from mobius_lite.evaluation.instrument import _wanted_taps, scoped_taps
@@ -160,6 +161,6 @@ def test_taps_by_scope_are_the_dense_builds_taps() -> None:
 
     config = load_text_config(make_reference(dict(layers_block_type=GGUF_PATTERN)).config.to_dict())
     wanted, _ = _wanted_taps(config, Precision.F32, False)
-    model, _ = build_decoder(config, Precision.F32)
+    model, _ = build_decoder(config, BuildContext.dense(Precision.F32))
     found = scoped_taps(list(ir.to_proto(model).graph.node), config)
     assert found == wanted and len(found) == len(GGUF_PATTERN) + 2 * GGUF_PATTERN.count("moe")

@@ -297,7 +297,7 @@ def test_sharded_package_runs_in_ort_like_unsharded_and_transformers(tmp_path: P
     options.intra_op_num_threads = 1
     logits, decoded = {}, {}
     for name, directory in (("sharded", sharded), ("single", single)):
-        session = DecoderSession(directory / "model.onnx", config, session_options=options)
+        session = DecoderSession(directory / "model.onnx", session_options=options)
         logits[name] = session.step(ids)["logits"]
         # One cached decode step too: a single token takes the other expert branch.
         decoded[name] = session.step(np.array([[5]], dtype=np.int64))["logits"]

@@ -25,3 +25,13 @@ class PackageError(MobiusError):
 
 class VerificationError(MobiusError):
     """Written weights differ from the source weights."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived. A KeyboardInterrupt, so `except Exception` never swallows
+    it and every `finally` / `except BaseException` cleanup (the staging directory, its lock)
+    runs on the way out."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name

@@ -20,7 +20,15 @@ from mobius_lite.configs.omni import OmniConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import MobiusError
 from mobius_lite.layout import CONFIG_FILE
-from mobius_lite.runtime import CPU, DecoderSession, quiet_options
+from mobius_lite.package_reader import open_package
+from mobius_lite.runtime import (
+    CPU,
+    DecoderSession,
+    Generation,
+    create_session,
+    greedy,
+    input_dtypes,
+)
 from mobius_lite.sources.config_json import read_config_json
 
 IMAGE_FEATURES = "image_features"
@@ -61,36 +69,46 @@ class OmniSession:
     """onnxruntime sessions over an Omni package's graphs."""
 
     def __init__(self, package_dir: str | Path, providers: list[str] | None = None) -> None:
-        import onnxruntime as ort
-
         self.directory = Path(package_dir)
+        self.files = open_package(self.directory)  # every graph and data file, before a session
         self.config = OmniConfig.from_dict(read_config_json(self.directory / CONFIG_FILE))
         self.providers = providers or [CPU]
         self._sessions: dict[GraphRole, Any] = {}
-        self._ort = ort
-        self.decoder = DecoderSession(
-            self.directory / GraphRole.DECODER.file_name, self.config.text, providers=self.providers
-        )
+        self._inputs: dict[GraphRole, dict[str, np.dtype]] = {}
+        self.decoder = DecoderSession(self.files.graph(GraphRole.DECODER), self.providers)
         self.hidden = self.config.text.hidden_size
-        self.dtype = self._graph(GraphRole.EMBEDDING).get_outputs()[0].type
-        self.embedding_inputs = {i.name for i in self._graph(GraphRole.EMBEDDING).get_inputs()}
+        self.embedding_inputs = set(self._input_dtypes(GraphRole.EMBEDDING))
+        # media features enter the embedding graph in its own element type
+        self.feature_dtype = next(
+            (
+                self._inputs[GraphRole.EMBEDDING][n]
+                for n in (IMAGE_FEATURES, AUDIO_FEATURES)
+                if n in self.embedding_inputs
+            ),
+            self.decoder.inputs.get("inputs_embeds", np.dtype(np.float32)),
+        )
 
     def _graph(self, role: GraphRole) -> Any:
         if role not in self._sessions:
-            path = self.directory / role.file_name
-            if not path.is_file():
-                raise MobiusError(f"{self.directory} has no {role.file_name}")
-            self._sessions[role] = self._ort.InferenceSession(
-                str(path), quiet_options(), providers=self.providers
-            )
+            self._sessions[role] = create_session(self.files.graph(role), self.providers)
+            self._inputs[role] = input_dtypes(self._sessions[role])
         return self._sessions[role]
 
+    def _input_dtypes(self, role: GraphRole) -> dict[str, np.dtype]:
+        self._graph(role)
+        return self._inputs[role]
+
     def _run(self, role: GraphRole, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return self._graph(role).run(None, feeds)
+        """Run one graph, each feed cast to the element type the graph declares for it."""
+        dtypes = self._input_dtypes(role)
+        cast = {
+            k: np.asarray(v).astype(dtypes.get(k, np.asarray(v).dtype), copy=False)
+            for k, v in feeds.items()
+        }
+        return self._graph(role).run(None, cast)
 
     def _empty(self) -> np.ndarray:
-        dtype = np.float16 if "float16" in self.dtype else np.float32
-        return np.zeros((0, self.hidden), dtype=dtype)
+        return np.zeros((0, self.hidden), dtype=self.feature_dtype)
 
     def prepare(self, input_ids: np.ndarray, media: Media | None = None) -> Prepared:
         """Encode the media, apply efficient video sampling and merge into embeddings."""
@@ -120,12 +138,12 @@ class OmniSession:
                 )
             features[IMAGE_FEATURES] = self._run(
                 GraphRole.VISION_ENCODER,
-                {"pixel_values": np.asarray(media.pixel_values, np.float32), "image_grid_hw": grid},
+                {"pixel_values": media.pixel_values, "image_grid_hw": grid},
             )[0]
         if media.pixel_values_videos is not None:
             video, keep = self._run(
                 GraphRole.VIDEO_ENCODER,
-                {"pixel_values_videos": np.asarray(media.pixel_values_videos, np.float32)},
+                {"pixel_values_videos": media.pixel_values_videos},
             )
             positions = np.flatnonzero(ids[0] == image_token)
             _check_count("video", image_token, len(positions), video.shape[0])
@@ -144,7 +162,7 @@ class OmniSession:
             features[AUDIO_FEATURES] = self._run(
                 GraphRole.AUDIO_ENCODER,
                 {
-                    "input_features": np.asarray(media.input_features, np.float32),
+                    "input_features": media.input_features,
                     "input_features_mask": np.asarray(mask, np.int64),
                 },
             )[0]
@@ -179,30 +197,37 @@ class OmniSession:
     def embed(self, ids: np.ndarray, features: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """The embedding graph: ids with media features scattered in (0 rows: none)."""
         features = features or {}
-        feeds = {"input_ids": np.asarray(ids, np.int64)}
+        ids = np.asarray(ids, np.int64)
+        self.decoder.check_ids(ids)
+        feeds = {"input_ids": ids}
         for name in (IMAGE_FEATURES, AUDIO_FEATURES):
             if name in self.embedding_inputs:
-                feeds[name] = features.get(name, self._empty()).astype(self._empty().dtype)
+                feeds[name] = features.get(name, self._empty())
         return self._run(GraphRole.EMBEDDING, feeds)[0]
+
+    def embed_token(self, token: int) -> np.ndarray:
+        """inputs_embeds [1, 1, hidden] of one generated token (no media)."""
+        return self.embed(np.array([[token]], dtype=np.int64))
+
+    @property
+    def stop_tokens(self) -> set[int]:
+        """The text model's end-of-sequence ids."""
+        eos = self.config.text.eos_token_id
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
     def generate(
         self, input_ids: np.ndarray, media: Media | None = None, max_new_tokens: int = 16
-    ) -> tuple[list[int], list[dict[str, np.ndarray]]]:
-        """Greedy tokens after the prompt, and every decoder call's outputs (prefill first; its
-        logits for the last position only, all greedy needs)."""
+    ) -> Generation:
+        """Greedy tokens after the prompt (until an end-of-sequence id), and every decoder
+        call's outputs (prefill first; its logits for the last position only)."""
         prepared = self.prepare(input_ids, media)
-        self.decoder.reset(1)
-        outputs = [self.decoder.step(prepared.inputs_embeds, logits_to_keep=1)]
-        tokens: list[int] = []
-        eos = self.config.text.eos_token_id
-        stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
-        for _ in range(max_new_tokens):
-            token = int(np.argmax(outputs[-1]["logits"][0, -1]))
-            tokens.append(token)
-            if token in stops or len(tokens) == max_new_tokens:
-                break
-            outputs.append(self.decoder.step(self.embed(np.array([[token]]))))
-        return tokens, outputs
+        return greedy(
+            self.decoder,
+            prepared.inputs_embeds,
+            max_new_tokens,
+            next_input=self.embed_token,
+            stop_tokens=self.stop_tokens,
+        )
 
 
 def _check_count(modality: str, token: int | None, placeholders: int, rows: int) -> None:

@@ -1,42 +1,104 @@
-"""Run an exported decoder with onnxruntime: empty caches from the cache ABI, prefill, decode.
+"""Run an exported decoder with onnxruntime: empty caches, prefill, decode, greedy generation.
 
-The one decoder stepper: the qualification harness, benchmarks, examples and tests all drive
-packages through DecoderSession. Requires the `runtime` extra.
+The one decoder stepper and the one greedy loop: `mobius generate`, OmniSession, the
+qualification harness and tests drive packages through DecoderSession and `greedy` (the
+benchmarks that time prefill and each decode step call DecoderSession.step themselves).
+Every input's element type and every cache input's shape are read from the onnxruntime
+session itself, so f32, f16 and bf16 packages (and instrumented twins) run the same way.
+Requires the `runtime` extra.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-import onnx_ir as ir
 
-from mobius_lite.configs import NemotronHConfig
-from mobius_lite.graphs.cache import BATCH, PAST, CacheTensor, cache_tensors
-from mobius_lite.graphs.decoder import LOGITS_TO_KEEP
+from mobius_lite.errors import ConfigError, PackageError
+from mobius_lite.optional import require
 
 CPU = "CPUExecutionProvider"
 PROVIDERS = {"cpu": [CPU], "cuda": ["CUDAExecutionProvider", CPU]}
+LOGITS_TO_KEEP = "logits_to_keep"  # graphs/decoder.py's optional input (the I/O contract)
+PAST_PREFIX = "past_key_values."
+PRESENT_PREFIX = "present."
+# onnxruntime's type strings for the element types a package's inputs use.
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+}
 
 
-def empty_cache(cache: list[CacheTensor], batch: int) -> dict[str, np.ndarray]:
-    """Zero past states for a fresh sequence (attention KV with past length 0)."""
-    out = {}
-    for c in cache:
-        shape = [batch if d == BATCH else 0 if d == PAST else int(d) for d in c.past_shape]
-        out[c.past_name] = np.zeros(shape, dtype=c.dtype.numpy())
-    return out
+def numpy_dtype(ort_type: str) -> np.dtype:
+    """numpy dtype of an onnxruntime input type string ('tensor(float16)' -> float16)."""
+    if ort_type == "tensor(bfloat16)":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(_ORT_TYPES[ort_type])
+    except KeyError:
+        raise PackageError(
+            f"the graph takes an input of type {ort_type}, which mobius cannot feed"
+        ) from None
+
+
+def input_dtypes(session: Any) -> dict[str, np.dtype]:
+    """Every input of an onnxruntime session with the numpy dtype it must be fed."""
+    return {i.name: numpy_dtype(i.type) for i in session.get_inputs()}
+
+
+def ort_module() -> Any:
+    """onnxruntime, or one clear error naming the extra that brings it."""
+    return require("onnxruntime", "running a package")
+
+
+@dataclass(frozen=True)
+class CacheInput:
+    """One past_key_values.* input of a decoder session and the present.* output it takes
+    its next value from: name, dtype and shape as the session declares them."""
+
+    past_name: str
+    present_name: str
+    dtype: np.dtype
+    shape: tuple[int | str | None, ...]
+
+    def empty(self, batch: int) -> np.ndarray:
+        """Zeros for a fresh sequence: batch on axis 0, every other named axis (the past
+        length of attention K/V) 0."""
+        dims = [batch] + [d if isinstance(d, int) else 0 for d in self.shape[1:]]
+        return np.zeros(dims, dtype=self.dtype)
+
+
+def cache_inputs(session: Any) -> list[CacheInput]:
+    """The session's cache inputs, in input order, each paired with its present output."""
+    outputs = {o.name for o in session.get_outputs()}
+    found = []
+    for i in session.get_inputs():
+        if not i.name.startswith(PAST_PREFIX):
+            continue
+        present = PRESENT_PREFIX + i.name[len(PAST_PREFIX) :]
+        if present not in outputs:
+            raise PackageError(f"the decoder has a cache input {i.name} but no output {present}")
+        found.append(CacheInput(i.name, present, numpy_dtype(i.type), tuple(i.shape)))
+    return found
 
 
 def session_providers(ep: str) -> list[str]:
     """onnxruntime provider names for --ep cpu / cuda; RouteError when this onnxruntime lacks
     the provider (it would otherwise fall back to the CPU silently)."""
-    import onnxruntime as ort
-
     from mobius_lite.errors import RouteError
     from mobius_lite.routes import parse_provider
 
+    ort = ort_module()
     providers = PROVIDERS[parse_provider(ep)]
     available = set(ort.get_available_providers())
     if not set(providers) <= available:
@@ -51,50 +113,60 @@ def quiet_options(options: Any = None) -> Any:
     """onnxruntime SessionOptions that log errors only, unless a severity was set: the one
     warning a decoder load gives is that its logits_to_keep input has a default value (an
     initializer), which is the design (graphs/decoder.py)."""
-    import onnxruntime as ort
-
-    options = options if options is not None else ort.SessionOptions()
+    options = options if options is not None else ort_module().SessionOptions()
     if options.log_severity_level == -1:
         options.log_severity_level = 3
     return options
+
+
+def create_session(
+    model: str | Path | bytes, providers: list[str] | None = None, session_options: Any = None
+) -> Any:
+    """An onnxruntime InferenceSession over a model file or serialized model bytes."""
+    return ort_module().InferenceSession(
+        model if isinstance(model, bytes) else str(model),
+        sess_options=quiet_options(session_options),
+        providers=providers or [CPU],
+    )
 
 
 class DecoderSession:
     """An onnxruntime session over a package's decoder that carries its own cache.
 
     `model` is the decoder file or serialized model bytes (an instrumented twin);
-    `session_options` may enable profiling or point external data at the package.
+    `session_options` may enable profiling or point external data at the package. The cache
+    inputs (names, dtypes, shapes), the token input and the vocabulary size are read from the
+    session.
     """
 
     def __init__(
         self,
         model: str | Path | bytes,
-        config: NemotronHConfig,
-        dtype: ir.DataType = ir.DataType.FLOAT,
         providers: list[str] | None = None,
         session_options: Any = None,
     ) -> None:
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(
-            model if isinstance(model, bytes) else str(model),
-            sess_options=quiet_options(session_options),
-            providers=providers or [CPU],
-        )
-        self.cache = cache_tensors(config.layers, dtype)
+        self.session = create_session(model, providers, session_options)
+        self.cache = cache_inputs(self.session)
+        self.inputs = input_dtypes(self.session)
         self.output_names = [o.name for o in self.session.get_outputs()]
+        logits = next((o for o in self.session.get_outputs() if o.name == "logits"), None)
+        last = logits.shape[-1] if logits is not None and logits.shape else None
+        self.vocab_size: int | None = last if isinstance(last, int) else None
         # Packages exported before the input existed have no logits_to_keep.
-        self.keeps_logits = LOGITS_TO_KEEP in {
-            i.name
-            for i in (*self.session.get_inputs(), *self.session.get_overridable_initializers())
+        self.keeps_logits = LOGITS_TO_KEEP in self.inputs or LOGITS_TO_KEEP in {
+            i.name for i in self.session.get_overridable_initializers()
         }
         self.past: dict[str, np.ndarray] = {}
         self.mask: np.ndarray | None = None
 
     def reset(self, batch: int) -> None:
         """Start a fresh sequence (empty caches)."""
-        self.past = empty_cache(self.cache, batch)
+        self.past = {c.past_name: c.empty(batch) for c in self.cache}
         self.mask = np.zeros((batch, 0), dtype=np.int64)
+
+    def check_ids(self, ids: np.ndarray) -> None:
+        """ConfigError when a token id lies outside the decoder's vocabulary."""
+        check_token_ids(ids, self.vocab_size)
 
     def step(
         self,
@@ -103,17 +175,23 @@ class DecoderSession:
         logits_to_keep: int = 0,
     ) -> dict[str, np.ndarray]:
         """Run one call on input_ids [batch, new] (int) or, for a decoder that takes them,
-        inputs_embeds [batch, new, hidden] (float); attention_mask covers only the new tokens
-        (default all ones). logits_to_keep > 0 asks for the logits of the last that many
-        positions only (generation needs one; a decoder without the input returns all).
+        inputs_embeds [batch, new, hidden] (float, cast to the graph's type); attention_mask
+        covers only the new tokens (default all ones). logits_to_keep > 0 asks for the logits
+        of the last that many positions only (generation needs one; a decoder without the
+        input returns all).
 
         The full past + current mask is passed, as the I/O contract requires. Returns every
         output by name and keeps the presents as the next past.
         """
         tokens = np.asarray(tokens)
         embeds = np.issubdtype(tokens.dtype, np.floating) or tokens.ndim == 3
+        name = "inputs_embeds" if embeds else "input_ids"
+        if name not in self.inputs:
+            given = "embeddings" if embeds else "token ids"
+            raise ConfigError(f"this decoder takes no {name}; it was given {given}")
         if not embeds:
-            tokens = tokens.astype(np.int64)
+            self.check_ids(tokens)
+        tokens = tokens.astype(self.inputs[name], copy=False)
         if self.mask is None:
             self.reset(tokens.shape[0])
         new_mask = (
@@ -123,10 +201,67 @@ class DecoderSession:
         )
         assert self.mask is not None
         self.mask = np.concatenate([self.mask, new_mask], axis=1)
-        name = "inputs_embeds" if embeds else "input_ids"
         feeds = {name: tokens, "attention_mask": self.mask, **self.past}
         if logits_to_keep and self.keeps_logits:
             feeds[LOGITS_TO_KEEP] = np.array(logits_to_keep, dtype=np.int64)
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results
+
+
+def check_token_ids(ids: np.ndarray, vocab_size: int | None) -> None:
+    """ConfigError naming the first token id outside [0, vocab_size)."""
+    ids = np.asarray(ids)
+    if vocab_size is None or ids.size == 0:
+        return
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ConfigError(
+            f"token id {int(bad.flat[0])} is outside this package's vocabulary (ids 0 to "
+            f"{vocab_size - 1}): the model has no embedding for it. Give token ids below "
+            f"{vocab_size}, and check that the tokenizer belongs to this checkpoint"
+        )
+
+
+def token_input(token: int) -> np.ndarray:
+    """The decoder input of one generated token: input_ids [[token]]."""
+    return np.array([[token]], dtype=np.int64)
+
+
+class Generation(NamedTuple):
+    """What `greedy` returns: the tokens chosen after each call, and every call's outputs
+    (prefill first)."""
+
+    tokens: list[int]
+    outputs: list[dict[str, np.ndarray]]
+
+
+def greedy(
+    decoder: DecoderSession,
+    prompt: np.ndarray,
+    max_new_tokens: int,
+    *,
+    next_input: Callable[[int], np.ndarray] = token_input,
+    stop_tokens: Collection[int] = (),
+    forced: Sequence[int] | None = None,
+    prefill_logits: int = 1,
+) -> Generation:
+    """Greedy decoding from a fresh cache: prefill `prompt` (input_ids [1, n] or
+    inputs_embeds [1, n, hidden]), then one cached call per token, until `max_new_tokens`
+    tokens are chosen or a stop token is. The token chosen after a call is the argmax of its
+    last position's logits; `next_input` turns it into the next call's input (an Omni
+    package embeds it first). `forced` feeds those tokens instead of the chosen ones (a twin
+    run on another run's tokens). `prefill_logits`: positions of prefill logits to keep (0:
+    all, for comparisons). Calls made: at most `max_new_tokens`.
+    """
+    decoder.reset(np.asarray(prompt).shape[0])
+    result = Generation([], [])
+    out = decoder.step(prompt, logits_to_keep=prefill_logits)
+    while True:
+        result.outputs.append(out)
+        token = int(np.argmax(out["logits"][0, -1]))
+        result.tokens.append(token)
+        if token in stop_tokens or len(result.tokens) >= max_new_tokens:
+            return result
+        fed = forced[len(result.tokens) - 1] if forced is not None else token
+        out = decoder.step(next_input(fed), logits_to_keep=1 if prefill_logits else 0)

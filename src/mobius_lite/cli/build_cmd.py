@@ -8,9 +8,11 @@ import textwrap
 from pathlib import Path
 
 from mobius_lite.build import SUPPORTED_TASKS, build
+from mobius_lite.cli import COMMANDS
 from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import Backend, Precision
 from mobius_lite.genai_config import genai_limitations
+from mobius_lite.media.tokenizer import TOKENIZER_FILE, vocabulary_mismatch
 from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS
 from mobius_lite.sizes import parse_size
@@ -59,7 +61,7 @@ def shard_size(text: str) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "build",
-        help="export a Nemotron-H checkpoint (directory or hub id) to an ONNX package",
+        help=COMMANDS["build"],
         description="Export a Nemotron-H checkpoint to an ONNX package directory: model.onnx, "
         "its external weight shards, genai_config.json, config.json and the tokenizer files. "
         "Hub ids are resolved through huggingface_hub (HF_HOME, HF_HUB_CACHE and "
@@ -192,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"revision: {revision}")
     for problem in genai_limitations(package.config, package.precision):
         print(f"warning: {problem}; the package runs in onnxruntime", file=sys.stderr)
+    tokenizer = package.extra_files.get(TOKENIZER_FILE)
+    mismatch = tokenizer and vocabulary_mismatch(tokenizer, package.config.vocab_size)
+    if mismatch:
+        print(f"warning: {mismatch}", file=sys.stderr)
     out = package.save(
         output,
         shard_size=args.shard_size,

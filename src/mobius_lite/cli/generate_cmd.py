@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mobius_lite.errors import ConfigError, MobiusError
+from mobius_lite.cli import COMMANDS
+from mobius_lite.enums import GraphRole
+from mobius_lite.errors import ConfigError
 from mobius_lite.layout import CONFIG_FILE
+from mobius_lite.media.tokenizer import load_tokenizer
 from mobius_lite.routes import EXECUTION_PROVIDERS
 
 EPILOG = textwrap.dedent(
@@ -30,7 +33,7 @@ EPILOG = textwrap.dedent(
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
-        help="greedy generation from a package (text, or Omni with images and audio)",
+        help=COMMANDS["generate"],
         description="Tokenize the prompt with the package's tokenizer.json, run the package in "
         "onnxruntime (Omni: the media encoders, the embedding graph and the decoder, chained) and "
         "print the greedy continuation.",
@@ -58,55 +61,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _tokenizer(package: Path):
-    path = package / "tokenizer.json"
-    if not path.is_file():
-        raise ConfigError(f"{package} has no tokenizer.json; generate needs the package tokenizer")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise MobiusError("generate needs tokenizers: pip install 'mobius-lite[runtime]'") from None
-    return Tokenizer.from_file(str(path))
-
-
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.configs.model_types import model_type_of
     from mobius_lite.enums import Task
+    from mobius_lite.package_reader import open_package
     from mobius_lite.runtime import session_providers
     from mobius_lite.sources.config_json import read_config_json
 
     package = Path(args.package)
-    if not (package / CONFIG_FILE).is_file():
-        raise ConfigError(f"{package} is not a package (no {CONFIG_FILE})")
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, found {args.max_new_tokens}")
+    files = open_package(package)  # a package, every file complete, before any session
+    if not (package / CONFIG_FILE).is_file():
+        raise ConfigError(f"{package} has no {CONFIG_FILE}; re-export the package")
     providers = session_providers(args.ep)
-    tokenizer = _tokenizer(package)
+    tokenizer = load_tokenizer(package)
     raw = read_config_json(package)
     if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:
         tokens = _omni(args, package, tokenizer, providers)
     else:
         if args.image or args.audio:
             raise ConfigError(f"{package} is a text package: it takes no --image or --audio")
-        tokens = _text(args, package, tokenizer, providers, raw)
+        tokens = _text(args, files.graph(GraphRole.DECODER), tokenizer, providers)
     print(" ".join(map(str, tokens)) if args.ids else tokenizer.decode(tokens))
     return 0
 
 
-def _text(args, package: Path, tokenizer, providers: list[str], raw: dict) -> list[int]:
-    from mobius_lite.configs.loader import load_text_config
-    from mobius_lite.runtime import DecoderSession
+def _text(args, decoder_file: Path, tokenizer, providers: list[str]) -> list[int]:
+    from mobius_lite.runtime import DecoderSession, greedy
 
-    config = load_text_config(raw)
-    session = DecoderSession(package / "model.onnx", config, providers=providers)
+    session = DecoderSession(decoder_file, providers)
     ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
-    out = session.step(ids, logits_to_keep=1)  # greedy needs the last position only
-    tokens: list[int] = []
-    for _ in range(args.max_new_tokens):
-        tokens.append(int(np.argmax(out["logits"][0, -1])))
-        if len(tokens) < args.max_new_tokens:
-            out = session.step(np.array([[tokens[-1]]], dtype=np.int64))
-    return tokens
+    return greedy(session, ids, args.max_new_tokens).tokens
 
 
 def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
@@ -136,5 +122,4 @@ def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
     text = expand(args.prompt, image_tokens, audio_tokens)
     ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
     print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
-    tokens, _ = session.generate(ids, media, args.max_new_tokens)
-    return tokens
+    return session.generate(ids, media, args.max_new_tokens).tokens

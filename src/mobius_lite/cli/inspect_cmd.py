@@ -18,6 +18,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from mobius_lite.cli import COMMANDS
 from mobius_lite.errors import PackageError
 from mobius_lite.layout import GRAPH_FILES, MANIFEST_FILE
 from mobius_lite.sizes import human_bytes
@@ -36,7 +37,7 @@ EPILOG = textwrap.dedent(
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
-        help="describe an exported package: graphs, I/O, ops, weights, data files",
+        help=COMMANDS["inspect"],
         description="Describe an exported package without loading its weights: per model, "
         "the graph and its subgraphs, inputs and outputs with element types and shapes, node "
         "counts by op type (top-level graph and subgraphs reported separately), weight element "
@@ -212,6 +213,11 @@ def inspect_package(target: str | Path) -> dict[str, Any]:
     elif target.is_dir():
         root, models = target, _package_models(target)
         if not models:
+            from mobius_lite.package_reader import not_a_package_hint
+
+            hint = not_a_package_hint(target)
+            if hint:
+                raise PackageError(hint)
             raise PackageError(
                 f"{target} holds no .onnx model; pass a package directory written by "
                 "mobius build, or a .onnx file"
@@ -314,7 +320,32 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def incomplete_files(report: dict[str, Any]) -> list[str]:
+    """The report's external data files that are missing or shorter than referenced."""
+    problems = []
+    for model in report["models"]:
+        for name, f in model["external_data"].items():
+            if not f["exists"]:
+                problems.append(f"external data file {name} is missing")
+            elif not f["complete"]:
+                problems.append(
+                    f"external data file {name} is truncated ({f['size_on_disk']} bytes on disk, "
+                    f"{model['file']} references more)"
+                )
+    return problems
+
+
 def run(args: argparse.Namespace) -> int:
+    """Print the report; then, for an incomplete package, one error line (exit status 2): the
+    report still describes it, but nothing can run it."""
+    from mobius_lite.package_reader import incomplete_package, read_package
+
     report = inspect_package(args.package)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    print(json.dumps(report, indent=2) if args.json else format_report(report), flush=True)
+    target = Path(args.package)
+    if target.is_dir() and (target / MANIFEST_FILE).is_file():
+        read_package(target).raise_if_incomplete()
+    problems = incomplete_files(report)
+    if problems:
+        raise incomplete_package(target, problems)
     return 0

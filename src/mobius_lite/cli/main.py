@@ -1,16 +1,24 @@
-"""`mobius`: the command-line front end. Each subcommand lives in its own module."""
+"""`mobius`: the command-line front end. Each subcommand lives in its own module.
+
+Only the module of the command being run is imported: `mobius --help` and `mobius --version`
+import none of them (nor onnx, onnxruntime, torch or transformers), so they start at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import ModuleType
 
-from mobius_lite.cli import build_cmd, generate_cmd, inspect_cmd, qualify_cmd, verify_cmd
-from mobius_lite.errors import MobiusError
+from mobius_lite.cli import COMMANDS
+from mobius_lite.errors import Interrupted, MobiusError
+from mobius_lite.optional import OPTIONAL_PACKAGES, missing_package_message
 from mobius_lite.version import __version__
-
-SUBCOMMANDS = (build_cmd, inspect_cmd, verify_cmd, qualify_cmd, generate_cmd)
 
 EPILOG = """\
 examples:
@@ -24,8 +32,24 @@ Run `mobius COMMAND --help` for each command's options. Errors are printed as on
 (what was found, what is supported, what to do) and exit with status 2.
 Documentation: docs/cli.md."""
 
+HANDLED_SIGNALS = ("SIGINT", "SIGTERM")
 
-def make_parser() -> argparse.ArgumentParser:
+
+def command_module(name: str) -> ModuleType:
+    """mobius_lite.cli.<name>_cmd, imported on demand."""
+    return importlib.import_module(f"mobius_lite.cli.{name}_cmd")
+
+
+def __getattr__(name: str) -> tuple[ModuleType, ...]:
+    if name == "SUBCOMMANDS":  # every command module (importing them all)
+        return tuple(command_module(c) for c in COMMANDS)
+    raise AttributeError(name)
+
+
+def make_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command's options (`command` None), or only `command`'s options
+    and a one-line entry for each other command ("": entries only, what `mobius --help`
+    lists)."""
     parser = argparse.ArgumentParser(
         prog="mobius",
         description="Export NVIDIA Nemotron-H models (Mamba2 + attention + MoE) to ONNX packages "
@@ -37,19 +61,86 @@ def make_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"mobius {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in SUBCOMMANDS:
-        module.register(sub)
+    for name, summary in COMMANDS.items():
+        if command is None or name == command:
+            command_module(name).register(sub)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = make_parser()
-    args = parser.parse_args(argv)
+def _chosen_command(argv: Sequence[str]) -> str:
+    """The subcommand named on the command line ("" when none is: --help, --version)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else ""
+    return ""
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While a command runs, SIGINT and SIGTERM raise Interrupted in the main thread (so the
+    build's staging directory and lock are removed on the way out); restored afterwards."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {}
+    for name in HANDLED_SIGNALS:
+        number = getattr(signal, name)
+        previous[number] = signal.signal(number, interrupt)
     try:
-        return int(args.run(args) or 0)
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe (`mobius inspect PKG | head -1`): send what is left to /dev/null,
+    so the interpreter's final flush does not complain either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser(_chosen_command(argv))  # "" (no command named): one-line entries
+    args = parser.parse_args(argv)
+    where = f"mobius {args.command}"
+    try:
+        with _signals_interrupt():
+            code = int(args.run(args) or 0)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return code
     except MobiusError as exc:
-        print(f"mobius {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{where}: error: {exc}", file=sys.stderr)
+    except Interrupted as exc:
+        print(
+            f"{where}: interrupted by {exc.signal_name}; {_after_interrupt(args)}", file=sys.stderr
+        )
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted; {_after_interrupt(args)}", file=sys.stderr)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in OPTIONAL_PACKAGES:
+            raise
+        print(f"{where}: error: {missing_package_message(exc.name or '')}", file=sys.stderr)
+    return 2
+
+
+def _after_interrupt(args: argparse.Namespace) -> str:
+    if args.command == "build":
+        return f"the unfinished export was removed, {args.output} is as it was before"
+    return "stopped before finishing"
 
 
 if __name__ == "__main__":

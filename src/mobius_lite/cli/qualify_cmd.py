@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from mobius_lite.cli import COMMANDS
 from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.qualify import DEFAULT_STEPS
+from mobius_lite.optional import require
+from mobius_lite.package_reader import open_package
 from mobius_lite.routes import EXECUTION_PROVIDERS
 
 EPILOG = textwrap.dedent(
@@ -26,7 +29,7 @@ EPILOG = textwrap.dedent(
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "qualify",
-        help="check a package against its source checkpoint: four separate verdicts",
+        help=COMMANDS["qualify"],
         description="Run PACKAGE in onnxruntime and the source checkpoint in transformers "
         "(torch FP32; a GGUF file's or ModelOpt checkpoint's weights decoded to FP32) on the "
         "same prompt: prefill, then --steps cached greedy decode steps, each "
@@ -86,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.package:
             raise ConfigError("give PACKAGE (and optionally --source CHECKPOINT), or --rescore DIR")
+        for module in ("onnxruntime", "torch", "transformers"):  # before any run or download
+            require(module, "qualify")
+        open_package(args.package)  # every graph and data file there, before the source is read
         ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
         report = qualify(
             args.package,

@@ -8,8 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from mobius_lite.cli import COMMANDS
 from mobius_lite.cli.source_args import add_source_arguments, resolve_source
-from mobius_lite.weights.verify import verify_package
 
 EPILOG = textwrap.dedent(
     """\
@@ -23,7 +23,8 @@ EPILOG = textwrap.dedent(
       - the sha256 of the source and written bytes recorded at export time
 
     exit status: 0 when everything matches, 1 when anything mismatches (each mismatch is
-    printed on its own line), 2 on an error (not a package, unreadable checkpoint).
+    printed on its own line), 2 on an error (not a package; a graph or data file missing,
+    truncated or linked, checked before the source is read; unreadable checkpoint).
 
     examples:
       mobius verify ./nano9b --source ./NVIDIA-Nemotron-Nano-9B-v2
@@ -35,7 +36,7 @@ EPILOG = textwrap.dedent(
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify",
-        help="check that a package's weights are exactly its source checkpoint's",
+        help=COMMANDS["verify"],
         description="Re-read a package and the checkpoint it was exported from and compare "
         "every weight binding recorded in the package's manifest.json.",
         epilog=EPILOG,
@@ -53,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mobius_lite.package_reader import open_package
+    from mobius_lite.weights.verify import verify_package
+
+    open_package(args.package)  # every file there and complete, before the source is resolved
     report = verify_package(Path(args.package), resolve_source(args), quiet=args.quiet or args.json)
     if args.json:
         json.dump(report.as_dict(), sys.stdout, indent=2)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.loader import load_text_config
@@ -36,7 +35,6 @@ from mobius_lite.evaluation.instrument import (
     execution_order,
     external_data_session_options,
     instrument,
-    package_precision,
 )
 from mobius_lite.evaluation.qualify_sources import (
     GGUF_SOURCE,
@@ -57,7 +55,7 @@ from mobius_lite.evaluation.validity import (
 )
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
-from mobius_lite.runtime import DecoderSession, session_providers
+from mobius_lite.runtime import DecoderSession, greedy, session_providers
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references
 
@@ -190,18 +188,12 @@ def _step_names(steps: int) -> list[str]:
 def _run_onnx(
     stepper: DecoderSession, prompt: list[int], steps: int, feed: list[int] | None = None
 ) -> tuple[list[dict[str, np.ndarray]], list[int]]:
-    """prefill + steps decode calls from a fresh cache; feed the given tokens, or the
-    session's own greedy ones."""
-    stepper.reset(1)
-    outputs, tokens = [], []
-    ids = np.array([prompt], dtype=np.int64)
-    for i in range(steps + 1):
-        out = stepper.step(ids)
-        outputs.append(out)
-        tokens.append(int(np.argmax(out["logits"][0, -1])))
-        nxt = feed[i] if feed is not None else tokens[-1]
-        ids = np.array([[nxt]], dtype=np.int64)
-    return outputs, tokens
+    """prefill + steps decode calls from a fresh cache (every logit kept); feed the given
+    tokens, or the session's own greedy ones."""
+    run = greedy(
+        stepper, np.array([prompt], dtype=np.int64), steps + 1, forced=feed, prefill_logits=0
+    )
+    return run.outputs, run.tokens
 
 
 def _package_runs(
@@ -224,13 +216,10 @@ def _package_runs(
     names = _step_names(steps)
     arrays: dict[str, np.ndarray] = {}
     not_compared: dict[str, str] = {}
-    proto = onnx.load(str(model_path), load_external_data=False)
-    dtype = package_precision(proto).ir_dtype
-    del proto
     say(f"running the package: prefill of {len(prompt)} tokens + {steps} decode steps")
     try:
         options = profiled_session_options(workdir / "profile")
-        stepper = DecoderSession(model_path, config, dtype, providers, options)
+        stepper = DecoderSession(model_path, providers, options)
     except Exception as exc:
         facts["session"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
         return facts, arrays, {"*": "the package graph did not load"}, {}
@@ -259,7 +248,7 @@ def _package_runs(
         say("running the instrumented twin (hidden states and routing taps)")
         try:
             options = external_data_session_options(package_dir)
-            twin = DecoderSession(taps.model_bytes, config, dtype, providers, options)
+            twin = DecoderSession(taps.model_bytes, providers, options)
             tapped, _ = _run_onnx(twin, prompt, steps, feed=tokens)
             del twin
         except Exception as exc:  # the taps are lost, the package's own arrays are not

@@ -112,6 +112,7 @@ def omni_runs(
     from mobius_lite.evaluation.cache_layout import reference_cache_arrays
     from mobius_lite.evaluation.reference import load_reference, pinned_torch
     from mobius_lite.omni_runtime import Media, OmniSession
+    from mobius_lite.runtime import greedy
 
     session = OmniSession(package_dir, providers)
     config = session.config
@@ -157,8 +158,13 @@ def omni_runs(
         prepared = session.prepare(
             ids, Media(pixel_values=media["pixel_values"], image_grid_hw=media["image_grid_hw"])
         )
-        session.decoder.reset(1)
-        out = session.decoder.step(prepared.inputs_embeds)
+        run = greedy(
+            session.decoder,
+            prepared.inputs_embeds,
+            steps + 1,
+            next_input=session.embed_token,
+            prefill_logits=0,
+        )
         reference = model(
             input_ids=torch.from_numpy(ids),
             pixel_values=t["pixel_values"],
@@ -167,7 +173,7 @@ def omni_runs(
         )
         names = [PREFILL] + [f"decode{i}" for i in range(steps)]
         length = ids.shape[1]
-        for i, step in enumerate(names):
+        for i, (step, out) in enumerate(zip(names, run.outputs, strict=True)):
             ours[f"{step}/logits"] = out["logits"]
             ref[f"{step}/logits"] = reference.logits.float().numpy()
             for name, array in reference_cache_arrays(reference.cache, kinds).items():
@@ -176,9 +182,7 @@ def omni_runs(
             if i == steps:
                 break
             length += 1
-            mine = int(np.argmax(out["logits"][0, -1]))
             theirs = int(reference.logits[0, -1].argmax())
-            out = session.decoder.step(session.embed(np.array([[mine]])))
             reference = model(
                 input_ids=torch.tensor([[theirs]]),
                 cache=reference.cache,

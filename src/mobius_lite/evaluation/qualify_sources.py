@@ -173,8 +173,8 @@ def _modelopt_dense(directory: Path) -> dict[str, np.ndarray]:
     x global scale; FP8: E4M3 x scale); scales are consumed or, for activations / KV, dropped."""
     from mobius_lite.formats.modelopt import fp8, nvfp4
     from mobius_lite.formats.modelopt.storage import FP8WeightStorage, NVFP4CodeStorage
+    from mobius_lite.source_kinds import local_tensors
     from mobius_lite.sources.modelopt_open import COMPANIONS, WEIGHT
-    from mobius_lite.sources.open import local_tensors
 
     source = local_tensors(directory)
     out: dict[str, np.ndarray] = {}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import MobiusError
+from mobius_lite.optional import require
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -143,14 +144,10 @@ def preprocess(
 
 def load_image(path: str | Path) -> np.ndarray:
     """An image file as RGB uint8 [H, W, 3] (needs Pillow: the `runtime` extra)."""
+    image_module = require("PIL.Image", "reading image files")
     try:
-        from PIL import Image
-    except ImportError:
-        raise MobiusError(
-            "reading image files needs Pillow: pip install 'mobius-lite[runtime]'"
-        ) from None
-    try:
-        with Image.open(path) as image:
+        with image_module.open(path) as image:
             return np.asarray(image.convert("RGB"))
-    except OSError as exc:
-        raise MobiusError(f"{path}: not a readable image ({exc})") from None
+    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's decoders raise all three
+        reason = str(exc) or type(exc).__name__
+        raise MobiusError(f"{path}: not a readable image ({reason})") from None

@@ -11,6 +11,10 @@
   package (manifest.json or model.onnx inside), and it is replaced only at the very end: on
   Linux by an atomic exchange (renameat2 RENAME_EXCHANGE), elsewhere by two renames.
 - A SIGKILL at any moment leaves the destination absent, untouched, or the new complete package.
+  SIGINT and SIGTERM (which the CLI turns into an exception) remove the staging directory and
+  the lock on the way out; during the final renames they are deferred until the renames end.
+- An existing destination that a rename cannot replace (a mount point; another user's
+  directory in a sticky parent) is refused by the early check, before any tensor is read.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import fcntl
 import os
 import re
 import shutil
+import signal
+import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from secrets import token_hex
@@ -78,6 +85,7 @@ def check_destination(destination: Path, overwrite: bool) -> None:
         raise PackageError(
             f"{destination} is a file, not a directory; choose a directory path for the package"
         )
+    check_replaceable(destination)
     if not any(destination.iterdir()):
         return
     if not overwrite:
@@ -89,6 +97,40 @@ def check_destination(destination: Path, overwrite: bool) -> None:
             f"{destination} is not empty and does not look like a package (no manifest.json or "
             "model.onnx); refusing to replace it even with --overwrite. Remove it yourself or "
             "choose another output"
+        )
+
+
+def _mount_points() -> set[str]:
+    """Every mount point of this process (Linux /proc/self/mountinfo; empty elsewhere)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    # field 5 is the mount point, with spaces and the like written as octal escapes
+    return {
+        re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
+        for line in lines
+        if len(line.split()) > 4
+    }
+
+
+def check_replaceable(destination: Path) -> None:
+    """Raise PackageError when the existing directory `destination` cannot be replaced by a
+    rename from its parent (the way every package is published): a mount point (the rename
+    fails with EBUSY or EXDEV), or, in a sticky directory, another user's directory."""
+    resolved = destination.resolve()
+    if os.path.ismount(resolved) or str(resolved) in _mount_points():
+        raise PackageError(
+            f"{destination} is a mount point, which a finished package cannot be renamed onto; "
+            f"choose a directory inside it (e.g. {destination / 'package'}) or another output"
+        )
+    parent = resolved.parent.stat()
+    own = resolved.stat()
+    euid = os.geteuid()
+    if parent.st_mode & stat.S_ISVTX and euid not in (0, own.st_uid, parent.st_uid):
+        raise PackageError(
+            f"{destination} belongs to another user in the sticky directory {resolved.parent}, "
+            "so it cannot be replaced; choose another output"
         )
 
 
@@ -222,8 +264,39 @@ def _discard(old: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block take effect when it ends, so the
+    renames that put a package in place are never cut between them (main thread only:
+    Python runs signal handlers there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {
+        number: signal.signal(number, lambda signum, frame: arrived.append(signum))
+        for number in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        if arrived:
+            handler = previous[arrived[0]]
+            if callable(handler):
+                handler(arrived[0], None)
+            elif handler in (signal.SIG_DFL, None):
+                signal.raise_signal(arrived[0])
+
+
 def publish(staging: Path, destination: Path, overwrite: bool) -> Path:
     """Move the complete package in `staging` to `destination` in one atomic step."""
+    with signals_deferred():
+        return _publish(staging, destination, overwrite)
+
+
+def _publish(staging: Path, destination: Path, overwrite: bool) -> Path:
     check_destination(destination, overwrite)  # again: something may have appeared meanwhile
     os.rename(staging / PENDING_MANIFEST, staging / MANIFEST_FILE)
     fsync_directory(staging)
