@@ -12,7 +12,8 @@ LlamaModel; llama-quantize for the type choices):
 - F32 is forced for 1-D tensors, *_norm.weight, ssm_conv1d, ssm_a / ssm_d and ffn_gate_inp;
   rows that do not hold whole 256-element blocks fall back as llama-quantize does.
 The reference never imports mobius_lite: it reads with gguf.GGUFReader, dequantizes with
-gguf.quants.dequantize and undoes the transforms with numpy from the facts above.
+gguf.quants.dequantize (Q1_0, which gguf-py 0.19 cannot decode: ggml's definition, written
+out in q1_0_by_definition) and undoes the transforms with numpy from the facts above.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ FP16_FIELDS = {
 }
 # E8M0 exponents of random MXFP4 blocks: scales 2^-10 .. 2^-4, like small weights.
 MXFP4_EXPONENTS = (118, 125)
+# UE4M3 scale bytes of random NVFP4 blocks: 0x08 .. 0x20 are 2^-6 .. 2^-3 (exponent field 1..4,
+# bias 7), so that scale x E2M1 (at most 6) stays at the size of a small model's weights.
+NVFP4_SCALE_BYTES = (0x08, 0x20)
 
 FORCED_F32 = re.compile(r"(_norm\.weight|ssm_conv1d\.weight|ssm_a|ssm_d|ffn_gate_inp\.weight)$")
 
@@ -237,6 +241,8 @@ def random_blocks(type_name: str, shape: tuple[int, ...], rng: np.random.Generat
             blocks[:, offset : offset + 2] = scales[:, j : j + 1].view(np.uint8)
     if type_name == "MXFP4":
         blocks[:, 0] = rng.integers(*MXFP4_EXPONENTS, size=n_blocks, endpoint=True)
+    if type_name == "NVFP4":
+        blocks[:, :4] = rng.integers(*NVFP4_SCALE_BYTES, size=(n_blocks, 4), endpoint=True)
     row_bytes = shape[-1] // block_elems * block_bytes
     return blocks.reshape(*shape[:-1], row_bytes)
 
@@ -424,8 +430,29 @@ def gguf_parts(path: str | Path) -> list[Path]:
     return [path.with_name(f"{match['stem']}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
 
 
+def q1_0_by_definition(data: np.ndarray) -> np.ndarray:
+    """ggml-quants.c dequantize_row_q1_0, written out (gguf-py 0.19 has no Q1_0 decode): per
+    block of 18 bytes, d = the fp16 at bytes 0..1; for j in 0..127: bit = (qs[j / 8] >> (j % 8))
+    & 1 with qs = bytes 2..17, and y[j] = bit ? d : -d."""
+    blocks = data.reshape(-1, 18)
+    d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)[:, 0]
+    out = np.empty((len(blocks), 128), np.float32)
+    for j in range(128):
+        bit = (blocks[:, 2 + j // 8] >> (j % 8)) & 1
+        out[:, j] = np.where(bit == 1, d, -d)
+    return out.reshape(*data.shape[:-1], data.shape[-1] // 18 * 128)
+
+
+def dequantize(data: np.ndarray, type_name: str) -> np.ndarray:
+    """gguf-py's dequantize, and ggml's definition for Q1_0 (which gguf-py 0.19 lacks)."""
+    if type_name == "Q1_0":
+        return q1_0_by_definition(np.asarray(data, np.uint8))
+    return gguf.quants.dequantize(np.asarray(data), Q[type_name])
+
+
 def dequantized_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """GGUF name -> float32 logical array (gguf-py dequantize), plus the first part's metadata."""
+    """GGUF name -> float32 logical array (gguf-py dequantize; Q1_0 by ggml's definition), plus
+    the first part's metadata."""
     arrays: dict[str, np.ndarray] = {}
     metadata: dict[str, Any] = {}
     for number, part in enumerate(gguf_parts(path)):
@@ -434,7 +461,7 @@ def dequantized_arrays(path: str | Path) -> tuple[dict[str, np.ndarray], dict[st
             metadata = {k: f.contents() for k, f in reader.fields.items()}
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape))
-            values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+            values = dequantize(np.asarray(t.data), t.tensor_type.name)
             arrays[t.name] = np.asarray(values, dtype=np.float32).reshape(shape)
     return arrays, metadata
 

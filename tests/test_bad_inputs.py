@@ -19,17 +19,14 @@ from mobius_lite.cli.main import main
 from mobius_lite.errors import CheckpointError, ConfigError, MobiusError, PackageError, RouteError
 from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.sources.hub import HubError
-from nemotron_reference import make_reference
 
 LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])
 SENTINEL = b"an earlier package that must survive\n"
 
 
 @pytest.fixture(scope="module")
-def good_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("good") / "checkpoint"
-    make_reference(LAYERS, seed=0).save_pretrained(directory)
-    return directory
+def good_checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint(LAYERS["layers_block_type"]).path
 
 
 def edit_config(ck: Path, **changes) -> None:

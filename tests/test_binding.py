@@ -24,10 +24,8 @@ PATTERN = ["linear_attention", "moe", "full_attention", "mlp"]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("ckpt")
-    make_reference(dict(layers_block_type=PATTERN)).save_pretrained(directory)
-    return directory
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint(PATTERN).path
 
 
 def rewrite(checkpoint: Path, target: Path, edit) -> Path:

@@ -20,17 +20,15 @@ from mobius_lite.cli.main import main, make_parser
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.runtime import DecoderSession
-from nemotron_reference import make_reference, pinned_torch
+from nemotron_reference import pinned_torch
 
 LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory):
-    directory = tmp_path_factory.mktemp("cli") / "checkpoint"
-    model = make_reference(LAYERS, seed=0)
-    model.save_pretrained(directory)
-    return model, directory
+def reference(tiny_checkpoint):
+    checkpoint = tiny_checkpoint(LAYERS["layers_block_type"])
+    return checkpoint.model, checkpoint.path
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -22,6 +22,10 @@ from mobius_lite.enums import LayerKind
 from mobius_lite.genai_config import genai_limitations
 from nemotron_reference import make_reference, pinned_torch
 
+# end-to-end: builds packages and runs them against their reference (`-m "not slow"`
+# leaves them out of a quick run)
+pytestmark = pytest.mark.slow
+
 og = pytest.importorskip(
     "onnxruntime_genai",
     reason="onnxruntime-genai is not installed (pip install onnxruntime-genai); CI installs it",

@@ -1,9 +1,10 @@
 """GGUF export end to end: tiny nemotron_h / nemotron_h_moe GGUF files written as llama.cpp's
-converter writes them (per-tensor type mixes like the real presets, every supported type across
-the two), exported with `mobius build`, against transformers loaded with gguf-py's dequantized
-weights (foundation gates), their packed bytes found in the package, verify, --dequantize,
-node counts, and the onnxruntime routes (GatherPacked, MatMulNBits; MatMulPacked structure
-only: CUDA)."""
+converter writes them (per-tensor type mixes like the real presets; every supported type
+across the three cases, the third holding llama.cpp's FP4 / ternary / 1-bit types and an
+NVFP4 `.scale` sidecar), exported with `mobius build`, against transformers loaded with
+gguf-py's dequantized weights (Q1_0: ggml's definition; foundation gates), their packed bytes
+found in the package, verify, --dequantize, node counts, and the onnxruntime routes
+(GatherPacked, MatMulNBits; MatMulPacked structure only: CUDA)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.formats.ggml.relayout import MatMulNBitsWeights, from_matmulnbits
 from mobius_lite.formats.ggml.storage import CODECS
-from mobius_lite.formats.ggml.types import GGML_TYPES
+from mobius_lite.formats.ggml.types import GGML_TYPES, GGML_TYPES_BY_ID
 from mobius_lite.formats.ggml.weight import (
     GATHER_PACKED_CPU,
     MATMUL_PACKED,
@@ -46,6 +47,10 @@ from mobius_lite.formats.ggml.weight import (
 from mobius_lite.weights.verify import verify_package
 from nemotron_reference import make_reference
 from parity import drive_parity
+
+# end-to-end: builds packages and runs them against their reference (`-m "not slow"`
+# leaves them out of a quick run)
+pytestmark = pytest.mark.slow
 
 DENSE_TYPES = ("F32", "F16", "BF16")
 ALL_TYPES = set(GGML_TYPES)
@@ -83,10 +88,44 @@ PRESET_REST: dict[str, str] = {
     r"ffn_up\.": "Q3_K",
     r"ffn_down\.": "Q2_K",
 }
+# llama.cpp's FP4, ternary and 1-bit types: every row holds whole blocks (NVFP4 64, MXFP4 32,
+# Q1_0 128, TQ1_0 / TQ2_0 256 elements); the stacked experts are MXFP4 as llama.cpp's
+# MXFP4_MOE recipe writes them, q / k (rows permuted) NVFP4 / Q1_0.
+FP4_TERNARY = {
+    "layers_block_type": ["mamba", "moe", "attention"],
+    "hidden_size": 256,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,  # d_inner 128
+    "head_dim": 32,  # o_proj rows 128
+    "moe_latent_size": 64,
+    "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 128,
+}
+PRESET_FP4_TERNARY: dict[str, str] = {
+    r"^token_embd": "TQ1_0",
+    r"^output\.": "TQ2_0",
+    r"attn_q\.": "NVFP4",
+    r"attn_k\.": "Q1_0",
+    r"attn_v\.": "TQ1_0",
+    r"attn_output\.": "Q1_0",
+    r"ssm_in\.": "TQ2_0",
+    r"ssm_out\.": "NVFP4",
+    r"ffn_(up|down)_exps\.": "MXFP4",
+    r"ffn_latent_down\.": "Q1_0",
+    r"ffn_latent_up\.": "NVFP4",
+    r"ffn_up_shexp\.": "NVFP4",
+    r"ffn_down_shexp\.": "Q1_0",
+}
+# An NVFP4 weight's `.scale` sidecar (ModelOpt's weight_scale_2), not 1 as the converter writes it.
+FP4_TERNARY_SCALES = {"blk.1.ffn_up_shexp.weight": np.array([0.75], np.float32)}
 CASES = {
     "moe": (MOE_WIDE, "nemotron_h_moe", {r"blk\.3\.ffn_up_exps": "Q5_K", **PRESET_MIXED}),
     "hybrid": (HYBRID_WIDE, "nemotron_h", PRESET_REST),
+    "fp4_ternary": (FP4_TERNARY, "nemotron_h_moe", PRESET_FP4_TERNARY),
 }
+SIDECARS = {"fp4_ternary": FP4_TERNARY_SCALES}
+# Per case, the MatMulNBits re-layouts of the ort backend (Q8_0 / Q4_0 linears).
+ORT_RELAYOUTS = {"moe": 1, "hybrid": 2, "fp4_ternary": 0}
 TOKENIZER_CORPUS = ["The quick brown fox jumps over the lazy dog.", "state space 1234"] * 4
 
 
@@ -113,6 +152,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             types,
             tokenizer=tokenizer,
             special_tokens={"pad": 0, "bos": 1, "eos": 2} if tokenizer else None,
+            scales=SIDECARS.get(key),
         )
         packages = {
             backend: _export(files, tmp / f"{key}-{backend}", "--weights-backend", backend)
@@ -169,7 +209,8 @@ def test_export_matches_transformers(written: dict[str, Any], key: str, backend:
 
 def test_routes_per_backend(written: dict[str, Any]) -> None:
     """standard: only standard ops; ort: MatMulNBits for Q8_0 / Q4_0 linears and GatherPacked
-    for an embedding table of a supported type (Q6_K here; IQ1_S has none: decoded)."""
+    for an embedding table of a supported type (Q6_K here; IQ1_S has none: decoded); none
+    for the FP4 / ternary / 1-bit case."""
     ops = {}
     for key in CASES:
         for backend, package in written[key]["packages"].items():
@@ -183,6 +224,10 @@ def test_routes_per_backend(written: dict[str, Any]) -> None:
     ms = "com.microsoft"
     assert moe[ms, "GatherPacked"] == 1 and moe[ms, "MatMulNBits"] == 1  # Q6_K table, Q8_0 head
     assert hybrid[ms, "GatherPacked"] == 0 and hybrid[ms, "MatMulNBits"] == 2  # q, k
+    # onnxruntime 1.32 has no CPU kernel for the FP4 / ternary / 1-bit types: decoded
+    fp4 = ops["fp4_ternary", "ort"]
+    assert fp4[ms, "GatherPacked"] == fp4[ms, "MatMulNBits"] == fp4[ms, "MatMulPacked"] == 0
+    assert fp4[ms, "LinearAttention"] == 1  # the ort backend all the same
 
 
 def _graphs(graph: onnx.GraphProto):
@@ -249,7 +294,7 @@ def test_packed_bytes_are_in_the_package(written: dict[str, Any], key: str, back
         else:
             assert record["transform"] == "identity"
             assert written_bytes == source, name
-    assert relayouts == (0 if backend == "standard" else {"moe": 1, "hybrid": 2}[key])
+    assert relayouts == (0 if backend == "standard" else ORT_RELAYOUTS[key])
 
     gguf_bytes = sum(int(t.n_bytes) for t in tensors.values())
     widened = sum(
@@ -271,20 +316,27 @@ def test_tokenizer_travels_with_the_package(written: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- verify
+# Per case, the attention layer whose k_proj (Q4_0 / Q1_0) gets a flipped byte.
+K_PROJ_LAYER = {"hybrid": 1, "fp4_ternary": 2}
+
+
 @pytest.mark.parametrize("backend", ["standard", "ort"])
+@pytest.mark.parametrize("key", list(K_PROJ_LAYER))
 def test_verify_passes_and_a_flipped_byte_fails(
-    written: dict[str, Any], backend: str, tmp_path: Path
+    written: dict[str, Any], key: str, backend: str, tmp_path: Path
 ) -> None:
-    entry = written["hybrid"]
+    entry = written[key]
     package = entry["packages"][backend]
     report = verify_package(package, entry["files"][0])
     assert report.ok, report.mismatches
-    assert report.checked == len(_tensors(entry["files"][0])) + (2 if backend == "ort" else 0)
+    relayouts = ORT_RELAYOUTS[key] if backend == "ort" else 0
+    assert report.checked == len(_tensors(entry["files"][0])) + relayouts
 
     copy = tmp_path / "flipped"
     shutil.copytree(package, copy)
     manifest = _manifest(copy)
-    target = "backbone.layers.1.mixer.k_proj.weight" + ("_nbits_b" if backend == "ort" else "")
+    target = f"backbone.layers.{K_PROJ_LAYER[key]}.mixer.k_proj.weight"
+    target += "_nbits_b" if relayouts else ""
     spot = manifest["graphs"]["decoder"]["initializers"][target]
     data = bytearray((copy / spot["file"]).read_bytes())
     data[spot["offset"] + 5] ^= 0x10
@@ -299,10 +351,13 @@ def test_verify_passes_and_a_flipped_byte_fails(
     assert main(["verify", str(copy), "--source", str(entry["files"][0]), "-q"]) == 1
 
 
-def test_dequantize_gives_a_dense_package(written: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["moe", "fp4_ternary"])
+def test_dequantize_gives_a_dense_package(
+    written: dict[str, Any], key: str, tmp_path: Path
+) -> None:
     """--dequantize: every weight dense f32 (numpy decode), verify recomputes each with
-    gguf-py's dequantize, and parity holds."""
-    entry = written["moe"]
+    gguf-py's dequantize (Q1_0: the storage's own definitional decode), and parity holds."""
+    entry = written[key]
     package = _export(entry["files"], tmp_path / "dense", "--dequantize")
     manifest = _manifest(package)
     initializers = manifest["graphs"]["decoder"]["initializers"].values()
@@ -324,7 +379,8 @@ def test_unknown_type_fails_before_anything_is_written(tmp_path: Path) -> None:
     tensor = gguf.GGUFReader(path).tensors[2]
     offset = tensor.field.offset + sum(int(p.nbytes) for p in tensor.field.parts[:4])
     data = bytearray(path.read_bytes())
-    data[offset : offset + 4] = np.uint32(34).tobytes()  # TQ1_0: a ggml type we do not read
+    assert 99 not in GGML_TYPES_BY_ID
+    data[offset : offset + 4] = np.uint32(99).tobytes()  # not a ggml type id
     path.write_bytes(bytes(data))
     out = tmp_path / "out"
     assert main(["build", "--model", str(path), "--output", str(out), "--quiet"]) == 2

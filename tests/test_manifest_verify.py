@@ -33,14 +33,13 @@ MTP_TENSOR = "mtp.layers.0.norm.weight"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """A tiny Nemotron-H checkpoint (per-expert tensors, FP32) plus one MTP tensor that the
     config declares and the decoder deliberately does not use."""
-    from nemotron_reference import make_reference
+    import shutil
 
     path = tmp_path_factory.mktemp("manifest") / "checkpoint"
-    model = make_reference(dict(layers_block_type=["mamba", "moe", "attention", "mlp"]))
-    model.save_pretrained(path)
+    shutil.copytree(tiny_checkpoint(["mamba", "moe", "attention", "mlp"]).path, path)
     tensors = load_file(path / "model.safetensors")
     tensors[MTP_TENSOR] = np.linspace(0, 1, 32, dtype=np.float32)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})

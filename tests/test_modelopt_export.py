@@ -29,6 +29,10 @@ from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.sources.safetensors_files import SafetensorsCheckpoint
 from parity import drive_parity
 
+# end-to-end: builds packages and runs them against their reference (`-m "not slow"`
+# leaves them out of a quick run)
+pytestmark = pytest.mark.slow
+
 # variant -> (shards, where its quantization config is written)
 CASES = {
     "nvfp4": (3, {"config.json", "hf_quant_config.json"}),

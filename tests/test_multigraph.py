@@ -27,16 +27,13 @@ from mobius_lite.package import GraphRecord, ModelPackage
 from mobius_lite.weights.binding import bind_model, graph_parameters, plan_bindings
 from mobius_lite.weights.external_data import external_references
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
 
 LAYERS = dict(layers_block_type=["linear_attention", "full_attention", "moe"])
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("multigraph") / "checkpoint"
-    make_reference(LAYERS, seed=4).save_pretrained(directory)
-    return directory
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint(LAYERS["layers_block_type"], seed=4).path
 
 
 def two_graph_package(checkpoint: Path, declare: bool) -> ModelPackage:

@@ -15,7 +15,6 @@ import mobius_lite
 from mobius_lite.cli.main import main
 from mobius_lite.errors import PackageError
 from mobius_lite.evaluation.qualify import qualify
-from nemotron_reference import make_reference
 
 LAYERS = dict(layers_block_type=["linear_attention", "full_attention", "mlp"])
 NAN_TENSOR = "lm_head.weight"
@@ -24,9 +23,11 @@ BIG_TENSOR = "backbone.layers.1.mixer.o_proj.weight"  # finite in f32, infinite 
 
 
 @pytest.fixture(scope="module")
-def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def broken(tiny_checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import shutil
+
     directory = tmp_path_factory.mktemp("nonfinite") / "checkpoint"
-    make_reference(LAYERS, seed=0).save_pretrained(directory)
+    shutil.copytree(tiny_checkpoint(LAYERS["layers_block_type"]).path, directory)
     path = directory / "model.safetensors"
     tensors = load_file(path)
     tensors[NAN_TENSOR][3, :5] = float("nan")

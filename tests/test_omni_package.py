@@ -33,6 +33,10 @@ from nemotron_reference import TINY_BASE, pinned_torch, randomize, reference_cac
 from omni_audio_fixtures import SMALL_AUDIO, WIDER_AUDIO
 from omni_fixtures import TINY_VISION, pack_images, pack_video
 
+# end-to-end: builds packages and runs them against their reference (`-m "not slow"`
+# leaves them out of a quick run)
+pytestmark = pytest.mark.slow
+
 IMAGE_TOKEN, VIDEO_TOKEN, AUDIO_TOKEN = 90, 91, 92
 TEXT = {**TINY_BASE, "layers_block_type": ["mamba", "attention", "moe", "mamba"]}
 STEPS = 5

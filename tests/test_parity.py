@@ -14,6 +14,10 @@ from safetensors.torch import load_file, save_file
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from parity import run_parity
 
+# end-to-end: builds packages and runs them against their reference (`-m "not slow"`
+# leaves them out of a quick run)
+pytestmark = pytest.mark.slow
+
 ALL_KINDS = ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]
 
 

@@ -59,14 +59,8 @@ CHILD = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    from nemotron_reference import make_reference
-
-    path = tmp_path_factory.mktemp("publish") / "checkpoint"
-    make_reference(dict(layers_block_type=["mamba", "moe", "attention", "mlp"])).save_pretrained(
-        path
-    )
-    return path
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint(["mamba", "moe", "attention", "mlp"]).path
 
 
 def tree(directory: Path) -> dict[str, str]:

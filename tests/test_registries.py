@@ -18,18 +18,13 @@ from mobius_lite.errors import ConfigError
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SOURCE_KINDS, open_checkpoint
 from mobius_lite.sources.open import OpenedCheckpoint, open_safetensors
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
 
 NEW_TYPE = "nemotron_h_v3"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("registries") / "checkpoint"
-    make_reference({"layers_block_type": ["linear_attention", "full_attention"]}).save_pretrained(
-        directory
-    )
-    return directory
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint(["mamba", "moe", "attention", "mlp"]).path
 
 
 def test_a_new_decoder_model_type_is_one_entry(

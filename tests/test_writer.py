@@ -248,7 +248,9 @@ def subgraph_nodes(graph: onnx.GraphProto) -> tuple[set[str], set[str]]:
     return ops, inputs
 
 
-def test_sharded_package_runs_in_ort_like_unsharded_and_transformers(tmp_path: Path) -> None:
+def test_sharded_package_runs_in_ort_like_unsharded_and_transformers(
+    tiny_checkpoint, tmp_path: Path
+) -> None:
     """A tiny Nemotron-H (Mamba, MoE with its expert Loop, attention, MLP) saved with 16 KB
     shards and unsharded: identical logits from both in onnxruntime, and both match
     transformers in torch FP32 within the FP32 parity gates."""
@@ -260,11 +262,10 @@ def test_sharded_package_runs_in_ort_like_unsharded_and_transformers(tmp_path: P
     from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
     from mobius_lite.runtime import DecoderSession
     from mobius_lite.weights.verify import check_references, external_references
-    from nemotron_reference import make_reference, pinned_torch
+    from nemotron_reference import pinned_torch
 
-    reference = make_reference(dict(layers_block_type=["mamba", "moe", "attention", "mlp"]))
-    checkpoint = tmp_path / "checkpoint"
-    reference.save_pretrained(checkpoint)
+    shared = tiny_checkpoint(["mamba", "moe", "attention", "mlp"])
+    reference, checkpoint = shared.model, shared.path
     package = mobius_lite.build(checkpoint, dtype="f32")
     sharded = package.save(tmp_path / "sharded", shard_size="16KB", quiet=True)
     single = package.save(tmp_path / "single", quiet=True)

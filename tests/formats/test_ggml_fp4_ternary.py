@@ -1,11 +1,11 @@
 """llama.cpp's FP4, ternary and 1-bit block types: NVFP4, MXFP4, TQ1_0, TQ2_0, Q1_0.
 
 Oracles: gguf-py's `gguf.quants.dequantize` for the numpy decode, bit for bit (Q1_0, which
-gguf-py 0.19 cannot decode: ggml's definition, written out below); the numpy
-decode for the graph decode and for the weight routes (matmul, embedding rows, stacked
-experts) run in onnxruntime CPU, bit for bit. Blocks are random bytes in which every scale
-byte and every code byte value occurs; the scale edge codes are checked one by one against
-their definitions, written out here.
+gguf-py 0.19 cannot decode: ggml's definition, written out as q1_0_by_definition in
+tests/gguf_fixtures.py); the numpy decode for the graph decode and for the weight routes
+(matmul, embedding rows, stacked experts) run in onnxruntime CPU, bit for bit. Blocks are
+random bytes in which every scale byte and every code byte value occurs; the scale edge codes
+are checked one by one against their definitions, written out here.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from onnxscript import OpBuilder
 
+from gguf_fixtures import q1_0_by_definition
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml import mxfp4, nvfp4
 from mobius_lite.formats.ggml.storage import CODECS, Dequantize, GGMLStorage
@@ -69,19 +70,6 @@ def random_rows(type_name: str, lead: tuple[int, ...], n_blocks: int, seed: int)
         d = random_finite_f16_bits(rng, len(blocks))
         blocks[:, at : at + 2] = d.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(*lead, n_blocks * t.block_bytes)
-
-
-def q1_0_by_definition(data: np.ndarray) -> np.ndarray:
-    """ggml-quants.c dequantize_row_q1_0, written out: per block of 18 bytes, d = the fp16 at
-    bytes 0..1; for j in 0..127: bit = (qs[j / 8] >> (j % 8)) & 1 with qs = bytes 2..17, and
-    y[j] = bit ? d : -d."""
-    blocks = data.reshape(-1, 18)
-    d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)[:, 0]
-    out = np.empty((len(blocks), 128), np.float32)
-    for j in range(128):
-        bit = (blocks[:, 2 + j // 8] >> (j % 8)) & 1
-        out[:, j] = np.where(bit == 1, d, -d)
-    return out.reshape(*data.shape[:-1], data.shape[-1] // 18 * 128)
 
 
 def reference(data: np.ndarray, type_name: str) -> np.ndarray:
