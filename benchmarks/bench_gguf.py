@@ -1,4 +1,4 @@
-"""GGUF export benchmark (issue 10): the mid nemotron_h_moe model as F32, Q8_0, Q4_K_M and
+r"""GGUF export benchmark (issue 10): the mid nemotron_h_moe model as F32, Q8_0, Q4_K_M and
 IQ2_XXS GGUF, exported per weight route and run on onnxruntime CPU next to llama.cpp.
 
 One run:
@@ -15,10 +15,32 @@ One run:
      decode ms/token (medians), and that process's peak RSS;
   3. llama.cpp (llama_cpp.Llama) on the same file with the same thread count: load time,
      prefill and decode ms/token.
+  4. accuracy beside speed (issue 22): every route's greedy tokens and logits against the
+     exact `ort` route of the same file (the f32 reference on the same weights): prefill
+     last-position NRMSE / cosine, tokens equal, and at the first disagreement the exact
+     route's top-2 logit margin; llama.cpp's tokens and logits the same way.
+
+Routes (--routes, comma-separated; F32 files have no packed weights, so only the ones marked *):
+  standard*          mobius build (standard ONNX ops)
+  ort*               --backend ort (today's CPU route: the exact reference of the comparison)
+  dequantize         --dequantize
+  dequantize+ort     --dequantize --backend ort
+  ort+exact-fused*   --backend ort --activations exact-fused (MatMulNBits at accuracy 0 over the
+                     exact re-layouts, experts on MoE / QMoE in the SwiGLU form of ReLU^2)
+  ort+int8           --backend ort --activations int8 (int8 activations, llama.cpp's accuracy)
+
+--profile adds onnxruntime's per-node profile of the decode steps (SessionOptions.
+enable_profiling; exclusive kernel time by op type, by layer kind / op, and the MoE layers'
+nodes: profile_decoder.py's aggregation) for each route run.
 
 Usage:
     python benchmarks/bench_gguf.py --workdir /tmp/bench_gguf --threads 2 \
         --json docs/bench_gguf.json
+    python benchmarks/bench_gguf.py --types Q8_0,Q4_K_M,IQ2_XXS \
+        --routes ort,dequantize+ort,ort+exact-fused,ort+int8 --json /tmp/bench_gguf_22.json
+    python benchmarks/bench_gguf.py --types F32 --routes ort,ort+exact-fused --profile
+    python benchmarks/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
+        --routes ort,ort+int8 --repeats 1 --decode-tokens 3 --prompt-length 16   # smoke run
 """
 
 from __future__ import annotations
@@ -50,23 +72,41 @@ from bench_common import (  # noqa: E402
 )
 from bench_mid import MID  # noqa: E402
 
+# smoke-run size (--config tiny): the mid layer pattern at small widths
+TINY = {**MID, "hidden_size": 256, "moe_intermediate_size": 256, "n_routed_experts": 8}
+TINY.update(intermediate_size=256, vocab_size=512, mamba_num_heads=8, num_attention_heads=4)
+TINY.update(num_key_value_heads=2, moe_shared_expert_intermediate_size=256, chunk_size=16)
+ROUTES: dict[str, list[str]] = {
+    "standard": [],
+    "ort": ["--backend", "ort"],
+    "dequantize": ["--dequantize"],
+    "dequantize+ort": ["--dequantize", "--backend", "ort"],
+    "ort+exact-fused": ["--backend", "ort", "--activations", "exact-fused"],
+    "ort+int8": ["--backend", "ort", "--activations", "int8"],
+}
+F32_ROUTES = ("standard", "ort", "ort+exact-fused")
+REFERENCE_ROUTE = "ort"
+
 PATTERN = "ME*MEME*ME"
 KINDS = {"M": "mamba", "E": "moe", "*": "attention"}
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "state space models, 1234!"] * 8
 
 
-def mid_moe() -> dict[str, Any]:
-    return {**MID, "layers_block_type": [KINDS[c] for c in PATTERN]}
+def mid_moe(size: str = "mid") -> dict[str, Any]:
+    return {**(TINY if size == "tiny" else MID), "layers_block_type": [KINDS[c] for c in PATTERN]}
 
 
-def write_files(workdir: Path, names: list[str]) -> dict[str, Path]:
-    import llama_cpp
+def write_files(
+    workdir: Path, names: list[str], size: str = "mid", llamacpp: bool = True
+) -> dict[str, Path]:
+    """The F32 file and its quantizations; without llama.cpp, Q8_0 is gguf-py's quantization
+    (the same block definition) and Q4_K_M is skipped (it needs llama.cpp's quantizer)."""
     import torch
 
     from gguf_fixtures import build_bpe_tokenizer, write_gguf
     from nemotron_reference import make_reference
 
-    model = make_reference(mid_moe(), seed=0)
+    model = make_reference(mid_moe(size), seed=0)
     with torch.no_grad():  # spread router scores so routing is not degenerate (as bench_mid)
         for layer in model.model.layers:
             if layer.block_type == "moe":
@@ -77,13 +117,20 @@ def write_files(workdir: Path, names: list[str]) -> dict[str, Path]:
         workdir / "mid-F32.gguf", model, "nemotron_h_moe", {}, tokenizer, special_tokens=special
     )[0]
     files = {"F32": f32}
-    ftypes = {
-        "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-        "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
-    }
+    ftypes = {}
+    if llamacpp:
+        import llama_cpp
+
+        ftypes = {
+            "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+            "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        }
     for name in names:
         out = workdir / f"mid-{name}.gguf"
-        if name in ftypes:
+        if name == "Q8_0" and not llamacpp:
+            types = {r"\.weight$": "Q8_0"}
+            write_gguf(out, model, "nemotron_h_moe", types, tokenizer, special_tokens=special)
+        elif name in ftypes:
             params = llama_cpp.llama_model_quantize_default_params()
             params.ftype, params.nthread = ftypes[name], 2
             if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params):
@@ -92,6 +139,7 @@ def write_files(workdir: Path, names: list[str]) -> dict[str, Path]:
             types = {r"\.weight$": "IQ2_XXS"}
             write_gguf(out, model, "nemotron_h_moe", types, tokenizer, special_tokens=special)
         else:
+            print(f"{name}: not written (needs llama.cpp's quantizer)", flush=True)
             continue
         files[name] = out
     del model
@@ -120,8 +168,18 @@ def peak_rss_mib() -> float:
     return int(line.split()[1]) / 1024
 
 
-def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repeats: int) -> dict:
-    """Run in a fresh process (--child): session creation, prefill, decode; peak RSS."""
+def ort_child(
+    package: Path,
+    prompt: np.ndarray,
+    decode: int,
+    threads: int,
+    repeats: int,
+    logits_out: Path | None = None,
+    profile: bool = False,
+) -> dict:
+    """Run in a fresh process (--child): session creation, prefill, decode; peak RSS; the
+    greedy tokens (and every step's logits to `logits_out`); with `profile`, a per-node
+    profile of `decode` further steps."""
 
     before = rss_mib()
     session, created = open_package(package, session_options(threads))
@@ -133,20 +191,94 @@ def ort_child(package: Path, prompt: np.ndarray, decode: int, threads: int, repe
 
     prefill()
     prefill_s = median_time(prefill, repeats)
-    decoded = timed_decode(session, prefill()["logits"], decode)
-    return {
+    first = prefill()["logits"]
+    logits = [first[0, -1]]
+    decoded = timed_decode(session, first, decode, lambda out: logits.append(out["logits"][0, -1]))
+    tokens = [int(first[0, -1].argmax()), *decoded.tokens]
+    token = np.array([[tokens[-1]]], dtype=np.int64)
+    if logits_out is not None:
+        np.save(logits_out, np.stack(logits))
+    result = {
         "session_create_s": created,
         "session_rss_mib": after_session,
         "prefill_ms": prefill_s * 1e3,
         "decode_ms_per_token": decoded.median_after_first * 1e3,
         "peak_rss_mib": peak_rss_mib(),
+        "tokens": tokens,
     }
+    if profile:
+        result["decode_profile"] = decode_profile(package, session, token, decode, threads)
+    return result
 
 
-def run_ort(package: Path, args: argparse.Namespace) -> dict:
+def decode_profile(package: Path, plain: Any, token: np.ndarray, calls: int, threads: int) -> dict:
+    """onnxruntime's profiler over `calls` decode steps continuing `plain`'s sequence:
+    exclusive kernel time per op type, per layer kind / op, and the MoE layers' top nodes."""
+    import tempfile
+
+    from profile_decoder import breakdown, kernel_events, last_calls, top_level_names
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = session_options(threads)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "decode")
+        session, _ = open_package(package, options)
+        session.past, session.mask = dict(plain.past), plain.mask.copy()
+        for _ in range(calls + 1):  # the first call's allocations stay out of the figure
+            token = session.step(token)["logits"][:, -1].argmax(-1)[:, None]
+        events = last_calls(kernel_events(Path(session.session.end_profiling())), calls)
+    result = breakdown(events, PATTERN, top_level_names(package), calls)
+    moe_nodes: dict[str, float] = {}
+    for e in events:
+        layer = e["node"].split("/mixer/")[0] if "/mixer/" in e["node"] else ""
+        if any(f"layers.{i}" in layer for i, c in enumerate(PATTERN) if c == "E"):
+            key = f"{e['op']} {e['node'].split('/mixer/', 1)[1]}"
+            moe_nodes[key] = moe_nodes.get(key, 0.0) + e["us"] / 1000 / calls
+    top = sorted(moe_nodes.items(), key=lambda kv: -kv[1])[:20]
+    result["moe_nodes"] = [{"name": k, "ms": v} for k, v in top]
+    return result
+
+
+def compare_to_reference(
+    logits: np.ndarray, tokens: list[int], reference: np.ndarray, reference_tokens: list[int]
+) -> dict[str, Any]:
+    """A route's accuracy against the exact route: prefill last-position logits (NRMSE,
+    cosine), greedy tokens equal, and the exact route's top-2 margin where they first part."""
+    from mobius_lite.evaluation.metrics import compare
+
+    result = compare("prefill logits", logits[0], reference[0])
+    equal = 0
+    while equal < min(len(tokens), len(reference_tokens)):
+        if tokens[equal] != reference_tokens[equal]:
+            break
+        equal += 1
+    out: dict[str, Any] = {
+        "prefill_nrmse": result.nrmse,
+        "prefill_cosine": result.cosine,
+        "tokens_equal": f"{equal} of {len(reference_tokens)}",
+    }
+    if equal < len(reference_tokens):
+        top2 = np.sort(reference[equal])[-2:]
+        out["first_disagreement"] = {
+            "step": equal,
+            "exact_top2_margin": float(top2[1] - top2[0]),
+            "logit_deviation": float(np.abs(logits[equal] - reference[equal]).max()),
+        }
+    return out
+
+
+def run_ort(package: Path, args: argparse.Namespace, logits_out: Path) -> dict:
     cmd = [sys.executable, __file__, "--child", str(package), "--threads", str(args.threads)]
     cmd += ["--prompt-length", str(args.prompt_length), "--decode-tokens", str(args.decode_tokens)]
-    cmd += ["--repeats", str(args.repeats)]
+    cmd += [
+        "--repeats",
+        str(args.repeats),
+        "--logits-out",
+        str(logits_out),
+        "--config",
+        args.config,
+    ]
+    cmd += ["--profile"] if args.profile else []
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -168,22 +300,29 @@ def run_llamacpp(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> di
 
     prefill()
     prefill_s = median_time(prefill, args.repeats)
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    steps = []
+    logits = [np.array(llm.scores[llm.n_tokens - 1])]
+    tokens, steps = [int(np.argmax(logits[-1]))], []
     for _ in range(args.decode_tokens):
         start = time.perf_counter()
-        llm.eval([token])
+        llm.eval([tokens[-1]])
         steps.append(time.perf_counter() - start)
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        logits.append(np.array(llm.scores[llm.n_tokens - 1]))
+        tokens.append(int(np.argmax(logits[-1])))
+    np.save(args.workdir / "llamacpp-logits.npy", np.stack(logits))
     return {
         "load_s": loaded,
         "prefill_ms": prefill_s * 1e3,
         "decode_ms_per_token": statistics.median(steps[1:]) * 1e3,
+        "tokens": tokens,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_gguf"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-length", type=int, default=128)
@@ -193,23 +332,49 @@ def main() -> None:
     parser.add_argument(
         "--routes",
         default="",
-        help="comma-separated subset of standard, ort, dequantize, dequantize+ort (default: all)",
+        help=f"comma-separated subset of {', '.join(ROUTES)} (default: the first four; the "
+        "module doc says what each is)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="add onnxruntime's per-node profile of the decode steps to every route run",
+    )
+    parser.add_argument(
+        "--config", choices=["mid", "tiny"], default="mid", help="tiny: a smoke-run size"
+    )
+    parser.add_argument(
+        "--without-llamacpp",
+        action="store_true",
+        help="no llama.cpp side (Q8_0 written by gguf-py, Q4_K_M skipped): smoke runs only",
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--logits-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     prompt = np.random.default_rng(0).integers(3, 400, size=(1, args.prompt_length))
     if args.child is not None:
-        result = ort_child(args.child, prompt, args.decode_tokens, args.threads, args.repeats)
+        result = ort_child(
+            args.child,
+            prompt,
+            args.decode_tokens,
+            args.threads,
+            args.repeats,
+            args.logits_out,
+            args.profile,
+        )
         print(json.dumps(result))
         return
 
+    unknown = set(filter(None, args.routes.split(","))) - set(ROUTES)
+    if unknown:
+        parser.error(f"unknown routes {sorted(unknown)}; choose from {', '.join(ROUTES)}")
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    files = write_files(args.workdir, args.types.split(","))
+    files = write_files(args.workdir, args.types.split(","), args.config, not args.without_llamacpp)
     results: dict[str, Any] = {
         "command": " ".join(["python benchmarks/bench_gguf.py", *sys.argv[1:]]),
-        "config": f"mid without dense MLP layers ({PATTERN}), nemotron_h_moe",
+        "config": f"{args.config} without dense MLP layers ({PATTERN}), nemotron_h_moe",
         "threads": args.threads,
         "prompt_length": args.prompt_length,
         "decode_tokens": args.decode_tokens,
@@ -218,24 +383,40 @@ def main() -> None:
     }
     for name, path in files.items():
         entry: dict[str, Any] = {**gguf_facts(path), "routes": {}}
-        routes = {"standard": [], "ort": ["--backend", "ort"]} if name == "F32" else {
-            "standard": [], "ort": ["--backend", "ort"], "dequantize": ["--dequantize"],
-            "dequantize+ort": ["--dequantize", "--backend", "ort"],
-        }  # fmt: skip
-        wanted = set(args.routes.split(",")) if args.routes else set(routes)
-        for route, flags in routes.items():
-            if route not in wanted:
-                continue
+        default = list(ROUTES)[:4]
+        wanted = set(args.routes.split(",")) if args.routes else set(default)
+        routes = [r for r in ROUTES if r in wanted and (name != "F32" or r in F32_ROUTES)]
+        # the exact reference first, so every other route compares with it
+        routes.sort(key=lambda r: r != REFERENCE_ROUTE)
+        logits: dict[str, np.ndarray] = {}
+        for route in routes:
             package = args.workdir / f"pkg-{name}-{route}"
+            out = args.workdir / f"logits-{name}-{route}.npy"
             entry["routes"][route] = {
-                "command": " ".join(["mobius build --model", path.name, *flags]),
-                **timed_export(path, package, flags),
-                **run_ort(package, args),
+                "command": " ".join(["mobius build --model", path.name, *ROUTES[route]]),
+                **timed_export(path, package, ROUTES[route]),
+                **run_ort(package, args, out),
             }
+            logits[route] = np.load(out)
             shutil.rmtree(package)
+            if REFERENCE_ROUTE in logits and route != REFERENCE_ROUTE:
+                entry["routes"][route]["vs_exact_ort"] = compare_to_reference(
+                    logits[route],
+                    entry["routes"][route]["tokens"],
+                    logits[REFERENCE_ROUTE],
+                    entry["routes"][REFERENCE_ROUTE]["tokens"],
+                )
             print(name, route, json.dumps(entry["routes"][route]), flush=True)
-        entry["llamacpp"] = run_llamacpp(path, prompt, args)
-        print(name, "llama.cpp", json.dumps(entry["llamacpp"]), flush=True)
+        if not args.without_llamacpp:
+            entry["llamacpp"] = run_llamacpp(path, prompt, args)
+            if REFERENCE_ROUTE in logits:
+                entry["llamacpp"]["vs_exact_ort"] = compare_to_reference(
+                    np.load(args.workdir / "llamacpp-logits.npy"),
+                    entry["llamacpp"]["tokens"],
+                    logits[REFERENCE_ROUTE],
+                    entry["routes"][REFERENCE_ROUTE]["tokens"],
+                )
+            print(name, "llama.cpp", json.dumps(entry["llamacpp"]), flush=True)
         results["files"][name] = entry
     text = json.dumps(results, indent=2)
     print(text)

@@ -8,10 +8,14 @@ oracle) and re-laid losslessly by mobius_lite's MatMulNBits relayout:
   matvec  one [N, K] weight times one row (a decode step's linear layer):
           f32 Gemm(transB) on a constant, and MatMulNBits on Q4_0 / Q8_0 blocks at
           accuracy level 0 (f32 activations) and 4 (int8 activations, llama.cpp's way);
+          Issue 22 adds the exact re-layouts of Q4_K (with its min term), Q6_K and IQ2_XXS
+          (formats/ggml/nbits_layout.py; random valid blocks, gguf-py cannot quantize them);
   experts one decode row through --experts-per-token of --experts experts (the mid model's
           widths): the fused com.microsoft MoE (f32) and QMoE (Q4_0 / Q8_0 blocks) CPU
-          kernels. Both lack ReLU^2 on CPU, so they run with ReLU: the time stands for what a
-          ReLU^2 variant would cost; the script also records their refusal of relu2.
+          kernels. Both lack ReLU^2 on CPU (the script records their refusal of relu2), so
+          the "-relu" variants run with ReLU, and the "-relu2" variants run ReLU^2 exactly in
+          the SwiGLU form the package emits (components/moe_fused.py: fc1 rows twice,
+          alpha 1e30, beta 0), against a ReLU^2 reference.
 
 Each variant runs in its own fresh process, order rotating over --rounds; the error is the
 largest absolute difference to a float64 product over gguf-py's dequantized weights (ReLU for
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 from bench_common import session_options
 
+from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN, CONTRIB_OPSET
 
 # One variant: what it computes on, with which kernel settings.
@@ -46,12 +51,22 @@ MATVEC = {
     "q4_0-matmulnbits-acc4": ("Q4_0", 4),
     "q8_0-matmulnbits-acc0": ("Q8_0", 0),
     "q8_0-matmulnbits-acc4": ("Q8_0", 4),
+    "q4_k-matmulnbits-acc0": ("Q4_K", 0),
+    "q4_k-matmulnbits-acc4": ("Q4_K", 4),
+    "q6_k-matmulnbits-acc0": ("Q6_K", 0),
+    "q6_k-matmulnbits-acc4": ("Q6_K", 4),
+    "iq2_xxs-matmulnbits-acc0": ("IQ2_XXS", 0),
+    "iq2_xxs-matmulnbits-acc4": ("IQ2_XXS", 4),
 }
 EXPERTS = {
     "f32-moe-relu": ("F32", None),
     "q4_0-qmoe-relu-acc0": ("Q4_0", 0),
     "q4_0-qmoe-relu-acc4": ("Q4_0", 4),
     "q8_0-qmoe-relu": ("Q8_0", 0),
+    "f32-moe-relu2": ("F32", None),
+    "q4_0-qmoe-relu2-acc0": ("Q4_0", 0),
+    "q4_0-qmoe-relu2-acc4": ("Q4_0", 4),
+    "q8_0-qmoe-relu2": ("Q8_0", 0),
 }
 
 
@@ -75,6 +90,24 @@ def _quantized(weight: np.ndarray, type_name: str) -> tuple[Any, np.ndarray]:
     kind = GGMLQuantizationType[type_name]
     rows = quantize(weight, kind)
     return to_matmulnbits(type_name, rows, weight.shape[1]), dequantize(rows, kind)
+
+
+def _exact_layout(type_name: str, n: int, k: int, seed: int) -> tuple[Any, np.ndarray | None]:
+    """(exact block-wise layout, gguf-py's values; for seed 0 only, the one the error is
+    measured on) of random valid blocks of a type gguf-py cannot quantize."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from gguf_fixtures import random_blocks
+    from mobius_lite.formats.ggml.nbits_layout import to_nbits_layout
+
+    rows = random_blocks(type_name, (n, k), np.random.default_rng(seed))
+    values = None
+    if seed == 0:
+        values = dequantize(rows, GGMLQuantizationType[type_name]).reshape(n, k)
+        values = values.astype(np.float32)
+    return to_nbits_layout(type_name, rows), values
 
 
 def _session(
@@ -130,6 +163,8 @@ def _matvec_weight(name: str, copy: int, weight: np.ndarray, shapes: Shapes) -> 
     if accuracy is None:
         w = numpy_helper.from_array(weight, f"w{copy}")
         return helper.make_node("Gemm", [x, w.name], [y], transB=1), [w], weight, weight.nbytes
+    if type_name not in ("Q4_0", "Q8_0"):
+        return _exact_matvec(type_name, copy, shapes, accuracy)
     packed, values = _quantized(weight, type_name)
     b = numpy_helper.from_array(packed.b, f"b{copy}")
     scales = numpy_helper.from_array(packed.scales.astype(np.float32), f"scales{copy}")
@@ -138,6 +173,48 @@ def _matvec_weight(name: str, copy: int, weight: np.ndarray, shapes: Shapes) -> 
         bits=packed.bits, block_size=packed.block_size, accuracy_level=accuracy,
     )  # fmt: skip
     return node, [b, scales], values, packed.b.nbytes + packed.scales.nbytes
+
+
+def _exact_matvec(type_name: str, copy: int, shapes: Shapes, accuracy: int) -> tuple:
+    """MatMulNBits over an exact layout (uint8 zero points where not the default; Q4_K's
+    min term as ReduceSum of x per 32-block @ mins^T, subtracted), as the package emits it."""
+    from onnx import helper, numpy_helper
+
+    layout, values = _exact_layout(type_name, shapes.n, shapes.k, seed=copy)
+    arrays = layout.arrays()
+    inits = {part: numpy_helper.from_array(a, f"{part}{copy}") for part, a in arrays.items()}
+    y = f"y{copy}"
+    names = ["x", inits["b"].name, inits["scales"].name]
+    if "zero_points" in inits:
+        names.append(inits["zero_points"].name)
+    out = f"nbits{copy}" if "mins" in inits else y
+    nodes = [
+        helper.make_node(
+            "MatMulNBits",
+            names,
+            [out],
+            domain=CONTRIB_DOMAIN,
+            K=shapes.k,
+            N=shapes.n,
+            bits=layout.bits,
+            block_size=layout.block_size,
+            accuracy_level=accuracy,
+        )  # fmt: skip
+    ]
+    extra = []
+    if "mins" in inits:
+        shape = numpy_helper.from_array(np.array([-1, shapes.k // 32, 32]), f"shape{copy}")
+        axis = numpy_helper.from_array(np.array([-1]), f"axis{copy}")
+        extra = [shape, axis]
+        blocks, sums, correction = f"blocks{copy}", f"sums{copy}", f"corr{copy}"
+        nodes += [
+            helper.make_node("Reshape", ["x", shape.name], [blocks]),
+            helper.make_node("ReduceSum", [blocks, axis.name], [sums], keepdims=0),
+            helper.make_node("Gemm", [sums, inits["mins"].name], [correction], transB=1),
+            helper.make_node("Sub", [out, correction], [y]),
+        ]
+    nbytes = sum(a.nbytes for a in arrays.values())
+    return nodes, [*inits.values(), *extra], values, nbytes
 
 
 def run_matvec(name: str, shapes: Shapes, threads: int, seconds: float, footprint: int) -> dict:
@@ -159,7 +236,8 @@ def run_matvec(name: str, shapes: Shapes, threads: int, seconds: float, footprin
     ]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, shapes.k])]
     inits = [t for part in parts for t in part[1]]
-    session = _session([part[0] for part in parts], inputs, outputs, inits, threads)
+    nodes = [n for part in parts for n in (part[0] if isinstance(part[0], list) else [part[0]])]
+    session = _session(nodes, inputs, outputs, inits, threads)
     out, wall = _timed(session, [{"x": x}], seconds)
     reference = x.astype(np.float64) @ first[2].astype(np.float64).T
     return {
@@ -168,6 +246,10 @@ def run_matvec(name: str, shapes: Shapes, threads: int, seconds: float, footprin
         "copies": copies,
         "relative_error": _error(out, reference),
     }
+
+
+def _relu2(name: str) -> bool:
+    return "-relu2" in name
 
 
 def _experts_layer(name: str, layer: int, shapes: Shapes, rng: np.random.Generator) -> tuple:
@@ -179,13 +261,18 @@ def _experts_layer(name: str, layer: int, shapes: Shapes, rng: np.random.Generat
     up = rng.standard_normal((e, inner, hidden), dtype=np.float32) * 0.03
     down = rng.standard_normal((e, hidden, inner), dtype=np.float32) * 0.03
     attributes = {"k": shapes.per_token, "activation_type": "relu", "normalize_routing_weights": 0}
+    fc1_rows = 1
+    if _relu2(name):  # the SwiGLU form: fc1 holds every up row twice, interleaved
+        attributes.update(RELU2_AS_SWIGLU)
+        fc1_rows = 2
     x, y, names = "x", f"y{layer}", (f"up{layer}", f"down{layer}")
     if accuracy is None:
-        inits = [numpy_helper.from_array(up, names[0]), numpy_helper.from_array(down, names[1])]
+        fc1 = np.repeat(up, fc1_rows, axis=1)
+        inits = [numpy_helper.from_array(fc1, names[0]), numpy_helper.from_array(down, names[1])]
         node = helper.make_node(
             "MoE", [x, "probs", names[0], "", names[1]], [y], domain=CONTRIB_DOMAIN, **attributes
         )
-        return node, inits, up, down, up.nbytes + down.nbytes
+        return node, inits, up, down, fc1.nbytes + down.nbytes
     inits, values, bits, nbytes = [], [], 0, 0
     for label, stacked in zip(names, (up, down), strict=True):
         parts = [_quantized(expert, type_name) for expert in stacked]
@@ -193,6 +280,8 @@ def _experts_layer(name: str, layer: int, shapes: Shapes, rng: np.random.Generat
         # QMoE's raw layout: [E, N, K * bits / 8] codes and [E, N, K / block] scales.
         b = np.stack([p.b.reshape(p.b.shape[0], -1) for p, _ in parts])
         scales = np.stack([p.scales for p, _ in parts]).astype(np.float32)
+        if label == names[0]:  # fc1: rows twice for the SwiGLU form (codes and scales alike)
+            b, scales = np.repeat(b, fc1_rows, axis=1), np.repeat(scales, fc1_rows, axis=1)
         inits += [numpy_helper.from_array(b, label), numpy_helper.from_array(scales, f"{label}_s")]
         values.append(np.stack([v for _, v in parts]))
         nbytes += b.nbytes + scales.nbytes
@@ -238,8 +327,9 @@ def run_experts(name: str, shapes: Shapes, threads: int, seconds: float, footpri
     chosen, gate = routings[0]
     out, wall = _timed(session, feeds, seconds)
     up, down = first[2], first[3]
+    power = 2 if _relu2(name) else 1
     reference = sum(
-        w * (down[e].astype(np.float64) @ np.maximum(up[e] @ x[0].astype(np.float64), 0))
+        w * (down[e].astype(np.float64) @ np.maximum(up[e] @ x[0].astype(np.float64), 0) ** power)
         for e, w in zip(chosen, gate, strict=True)
     )
     return {

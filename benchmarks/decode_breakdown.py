@@ -9,6 +9,9 @@ Variants (docs/performance.md, "Where a decode step goes"):
   ort-moe-kernel    ort with each MoE layer's routed experts run by onnxruntime's com.microsoft
                     MoE CPU kernel on the same stacked weights and routing, with ReLU in place
                     of ReLU^2 (the CPU kernel has no relu2): what a ReLU^2 kernel would cost
+  ort-fused         the real package built with --backend ort --activations exact-fused
+                    (issue 22): the routed experts on that MoE kernel in its SwiGLU form of
+                    ReLU^2, exact (fc1 rows twice, built at session creation)
   gemm-twin         one graph holding only the matrices a decode step reads (every constant
                     Gemm weight of the package, plus top-k slices of each stacked expert
                     tensor), random values, each as Gemm(x, W, transB=1)
@@ -46,7 +49,7 @@ sys.path.insert(0, str(HERE))
 from bench_common import open_package, session_options  # noqa: E402
 from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
 
-PACKAGES = ("standard", "ort", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
+PACKAGES = ("standard", "ort", "ort-fused", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
 TWINS = ("gemm-twin", "matmul-twin")
 LLAMA_CPP = "llama.cpp"
 MAMBA_KERNELS = ("LinearAttention", "CausalConvWithState")
@@ -257,6 +260,14 @@ def variants(work: Path) -> dict[str, Path]:
         with_relu_moe_kernel(out["ort"], edits / "ort-moe-kernel")
     for name in ("ort-no-experts", "ort-no-mamba", "ort-moe-kernel"):
         out[name] = edits / name
+    out["ort-fused"] = package_dir(work, "ort-fused")
+    if not (out["ort-fused"] / "model.onnx").is_file():
+        import mobius_lite
+
+        built = mobius_lite.build(
+            work / "checkpoint", weights_backend="ort", activations="exact-fused"
+        )
+        built.save(out["ort-fused"], overwrite=True, quiet=True)
     shapes = step_matrices(out["ort"])
     for twin in TWINS:
         if not (edits / twin / DECODER_FILE).is_file():

@@ -13,10 +13,15 @@ from typing import Any
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
-from mobius_lite.enums import Backend, Precision
+from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.package import ModelPackage
-from mobius_lite.routes import check_route, check_weight_format, parse_backend
+from mobius_lite.routes import (
+    check_activations,
+    check_route,
+    check_weight_format,
+    parse_backend,
+)
 from mobius_lite.source_kinds import SOURCE_KINDS, layout_of, open_checkpoint
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
@@ -64,6 +69,7 @@ def build(
     dequantize: bool = False,
     gguf_file: str | None = None,
     config: str | Path | None = None,
+    activations: Activations | str = Activations.EXACT,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -73,14 +79,17 @@ def build(
     `weights_backend` ("standard": standard ONNX ops; "ort": onnxruntime's own ops, which also
     gives the Mamba mixers onnxruntime's native conv / SSD kernels); with
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
-    fields a GGUF file does not carry. Nothing but config, tokenizer and tensor headers is
-    read here; tensor data is streamed by ModelPackage.save. The resolved commit is
-    recorded in metadata["source"].
+    fields a GGUF file does not carry. `activations` ("exact", "exact-fused", "int8";
+    enums.Activations) moves packed matmuls and experts onto onnxruntime's
+    fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer
+    and tensor headers is read here; tensor data is streamed by ModelPackage.save. The
+    resolved commit is recorded in metadata["source"].
     """
     if task is not None:
         check_task(task)
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
+    mode = check_activations(activations, backend, precision, provider)
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
@@ -89,7 +98,12 @@ def build(
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
     options = ExportOptions(
-        precision, backend, dequantize, opened.unused_rules, binding_hint=opened.binding_hint
+        precision,
+        backend,
+        dequantize,
+        opened.unused_rules,
+        activations=mode,
+        binding_hint=opened.binding_hint,
     )
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
@@ -114,19 +128,21 @@ def build_from_module(
     ep: str = "cpu",
     *,
     weights_backend: Backend | str = Backend.STANDARD,
+    activations: Activations | str = Activations.EXACT,
 ) -> ModelPackage:
     """Export an in-memory transformers NemotronHForCausalLM (or Omni model): its tensors, under
     the names save_pretrained gives them, are the source, so the package verifies against the
-    saved checkpoint. `weights_backend` as in build."""
+    saved checkpoint. `weights_backend` and `activations` as in build."""
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
+    mode = check_activations(activations, backend, precision, provider)
     raw = config if config is not None else module.config
     if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
         raw = raw.to_dict()
     check_task(task, raw.get("model_type"))
     model_type, parsed = read_config(raw)
     source = MemorySource(checkpoint_state_dict(module))
-    options = ExportOptions(precision, backend, binding_hint=MODULE_HINT)
+    options = ExportOptions(precision, backend, activations=mode, binding_hint=MODULE_HINT)
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
         config=exported.decoder,

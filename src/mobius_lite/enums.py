@@ -1,5 +1,5 @@
-"""The one vocabulary of layer kinds, state roles, graphs, tasks, dtypes and backends, shared
-across the package."""
+"""The one vocabulary of layer kinds, state roles, graphs, tasks, dtypes, backends and
+activation modes, shared across the package."""
 
 from __future__ import annotations
 
@@ -71,6 +71,28 @@ class Backend(str, enum.Enum):
     # onnxruntime's com.microsoft contrib ops where they fit: packed-weight kernels, and the
     # native CPU kernels of the Mamba conv and SSD recurrence (components/mamba2.py)
     ORT = "ort"
+
+
+class Activations(str, enum.Enum):
+    """How packed matmuls and experts compute on onnxruntime's CPU kernels (`--activations`).
+
+    EXACT keeps today's routes. EXACT_FUSED moves them onto the fused kernels where the result
+    stays exact within f32 rounding: MatMulNBits at accuracy 0 over the exact code layouts
+    (formats/ggml/exact_codes.py), experts on the com.microsoft MoE (f32) / QMoE (4-bit,
+    accuracy 0) kernels in their SwiGLU form of ReLU^2. INT8 puts every packed matmul on
+    MatMulNBits at accuracy 4 and every packed MoE on QMoE: the kernels quantize the
+    activations to int8 per block, as llama.cpp does for these types (not exact; gated by
+    evaluation.metrics.int8_activation_gate).
+    """
+
+    EXACT = "exact"
+    EXACT_FUSED = "exact-fused"
+    INT8 = "int8"
+
+    @property
+    def accuracy_level(self) -> int:
+        """MatMulNBits' / QMoE's accuracy_level: 4 (int8 activations) or 0 (f32)."""
+        return 4 if self is Activations.INT8 else 0
 
 
 class Task(str, enum.Enum):

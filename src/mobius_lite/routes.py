@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.enums import Backend, Precision
+from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import Cast
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
@@ -71,6 +71,34 @@ def parse_backend(value: Backend | str) -> Backend:
             f"weights backend {value!r} is not supported; choose one of "
             f"{', '.join(b.value for b in Backend)}"
         ) from None
+
+
+def check_activations(
+    value: Activations | str, backend: Backend, precision: Precision, provider: str
+) -> Activations:
+    """--activations exact | exact-fused | int8: the fused modes are onnxruntime CPU kernels
+    (com.microsoft MatMulNBits / MoE / QMoE) on f32 activations."""
+    try:
+        mode = value if isinstance(value, Activations) else Activations(str(value).lower())
+    except ValueError:
+        raise RouteError(
+            f"activations {value!r} is not supported; choose one of "
+            f"{', '.join(a.value for a in Activations)}"
+        ) from None
+    if mode is Activations.EXACT:
+        return mode
+    needs = []
+    if backend is not Backend.ORT:
+        needs.append("--backend ort (the fused kernels are onnxruntime's com.microsoft ops)")
+    if precision is not Precision.F32:
+        needs.append(f"--dtype f32 (the exact layouts' scales are f32; got {precision.value})")
+    if provider != "cpu":
+        needs.append(
+            f"--ep cpu (the route is built and tested for the CPU kernels; got {provider})"
+        )
+    if needs:
+        raise RouteError(f"--activations {mode.value} needs " + " and ".join(needs))
+    return mode
 
 
 def check_weight_format(raw_config: Mapping[str, Any], kind: SourceKind = SAFETENSORS_KIND) -> None:

@@ -18,13 +18,18 @@ def run_emitter(
     *,
     as_initializers: bool = False,
     opset_imports: dict[str, int] | None = None,
+    constant_from: int | None = None,
     initializers: Sequence[np.ndarray] = (),
 ) -> list[np.ndarray]:
     """emit(op, *values) builds nodes over one value per array; returns its outputs computed.
 
     The arrays enter as graph inputs, or as initializers (as packed weights do in a package);
-    `initializers` are further arrays passed after `inputs`, always as initializers.
+    with `constant_from`, the arrays from that index on are initializers and the others inputs
+    (kernels that prepack constant weights take their fast path only then). `initializers`
+    are further arrays passed after `inputs`, always as initializers.
     """
+    if as_initializers:
+        constant_from = 0
     values = [
         ir.Value(
             name=f"in{i}",
@@ -33,8 +38,9 @@ def run_emitter(
         )
         for i, a in enumerate(inputs)
     ]
+    first = len(values) if constant_from is None else constant_from
     graph = ir.Graph(
-        inputs=[] if as_initializers else values,
+        inputs=values[:first],
         outputs=[],
         nodes=[],
         opset_imports={"": OPSET, **(opset_imports or {})},
@@ -48,7 +54,7 @@ def run_emitter(
         )
         for i, a in enumerate(initializers)
     ]
-    fixed = list(zip(values, inputs, strict=True)) if as_initializers else []
+    fixed = list(zip(values, inputs, strict=True))[first:]
     for value, array in fixed + list(zip(constants, initializers, strict=True)):
         value.const_value = ir.tensor(array, name=value.name)
         graph.register_initializer(value)
@@ -62,5 +68,5 @@ def run_emitter(
     model = ir.Model(graph, ir_version=11, producer_name="emit_test")
     proto = ir.serde.serialize_model(model)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {} if as_initializers else {f"in{i}": a for i, a in enumerate(inputs)}
+    feeds = {f"in{i}": a for i, a in enumerate(inputs[:first])}
     return session.run(None, feeds)

@@ -131,6 +131,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "onnxruntime's CPU provider runs natively: the faster CPU route) (default: %(default)s)",
     )
     p.add_argument(
+        "--activations",
+        default="exact",
+        choices=["exact", "exact-fused", "int8"],
+        help="with --backend ort (f32, cpu): exact = today's routes; exact-fused = packed "
+        "matmuls on MatMulNBits over exact re-layouts and experts on the fused MoE / QMoE "
+        "kernels, all with f32 activations (exact within f32 rounding); int8 = the same "
+        "kernels quantizing activations to int8 per block, as llama.cpp does (not exact; "
+        "docs/gguf.md). The fused experts store every up row twice: 1.5x their bytes. A weight "
+        "with no exact re-layout stays on the exact route, said at build "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--dequantize",
         action="store_true",
         help="store packed weights as dense --dtype weights instead (never done unless asked)",
@@ -173,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         dequantize=args.dequantize,
         gguf_file=args.gguf_file,
         config=args.config,
+        activations=args.activations,
     )
     source = package.metadata.get("source", {})
     if not args.quiet:

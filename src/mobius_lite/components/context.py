@@ -2,20 +2,23 @@
 
 `BuildContext` carries the activation precision, the weight formats (a resolver from a weight
 slot's checkpoint name and logical shape to its format; dense in the activation precision
-when it has none) and the backend a format may emit for. Components declare weight slots
+when it has none), the backend a format may emit for and the activation mode of
+onnxruntime's fused CPU kernels (enums.Activations). Components declare weight slots
 (`WeightedModule.weight_slot`); after the module tree is built, `apply_weight_formats` gives
 each slot the format its full name resolves to, so model code never mentions a format.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.enums import Backend, Precision
+from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.formats.contrib import is_ort
 from mobius_lite.formats.weight import DenseWeight, WeightFormat, WeightFormatResolver
 
 
@@ -26,6 +29,15 @@ class BuildContext:
     backend: Backend = Backend.STANDARD
     # Mamba's A as the source stores it: "A_log" (transformers) or "A" (= -exp(A_log), GGUF).
     mamba_a: str = "A_log"
+    activations: Activations = Activations.EXACT
+    # build-time lines already said (each route notice once per build)
+    notices: set[str] = field(default_factory=set, compare=False)
+
+    def notice(self, line: str) -> None:
+        """Say `line` once per build (a weight kept on the exact route, a byte cost)."""
+        if line not in self.notices:
+            self.notices.add(line)
+            logging.getLogger("mobius_lite.routes").warning(line)
 
     @classmethod
     def dense(cls, precision: Precision | str = Precision.F32) -> BuildContext:
@@ -64,6 +76,14 @@ class WeightedModule(nn.Module):
             setattr(self, attr + suffix, parameter)
         self._slots[attr] = (shape, fmt, tuple(parameters))
 
+    def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
+        """The format slot `attr` computes with under the context's activation mode (the
+        resolved `fmt` unless the module moves it onto a fused kernel)."""
+        return fmt
+
+    def formats_applied(self) -> None:
+        """Called once every slot has its format (a module may reconcile its slots)."""
+
     def weight_format_of(self, attr: str) -> WeightFormat:
         return self._slots[attr][1]
 
@@ -80,6 +100,23 @@ class WeightedModule(nn.Module):
         return self.weight_format_of(attr).select(op, self.slot_values(attr), indices)
 
 
+def fused_kernels(ctx: BuildContext) -> bool:
+    """Whether the context moves packed matmuls and experts onto the fused kernels."""
+    return ctx.activations is not Activations.EXACT and is_ort(ctx.backend)
+
+
+def matmul_kernel_format(ctx: BuildContext, fmt: WeightFormat) -> WeightFormat:
+    """A linear layer's format under the activation mode: MatMulNBits over the exact code
+    layout (accuracy 0, or 4 for int8) where the format has one; else `fmt`, said once."""
+    if not fused_kernels(ctx) or isinstance(fmt, DenseWeight):
+        return fmt
+    moved = fmt.on_exact_layout(ctx.activations.accuracy_level)
+    if isinstance(moved, str):
+        ctx.notice(f"--activations {ctx.activations.value}: {moved}; kept on the exact route")
+        return fmt
+    return moved
+
+
 def apply_weight_formats(root: nn.Module, ctx: BuildContext) -> None:
     """Give every weight slot under `root` the format its checkpoint name resolves to."""
     if not ctx.weight_formats:
@@ -90,4 +127,5 @@ def apply_weight_formats(root: nn.Module, ctx: BuildContext) -> None:
                 name = f"{prefix}.{attr}" if prefix else attr
                 fmt = ctx.weight_format(name, shape)
                 if fmt is not None:
-                    module.set_weight_format(attr, fmt)
+                    module.set_weight_format(attr, module.kernel_format(attr, fmt))
+            module.formats_applied()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.components.context import BuildContext, WeightedModule
+from mobius_lite.components.context import BuildContext, WeightedModule, matmul_kernel_format
+from mobius_lite.formats.weight import WeightFormat
 
 
 class Linear(WeightedModule):
@@ -18,6 +19,9 @@ class Linear(WeightedModule):
         self.out_features = out_features
         self.weight_slot("weight", (out_features, in_features))
         self.bias = nn.Parameter([out_features], dtype=ctx.dtype) if bias else None
+
+    def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
+        return matmul_kernel_format(self.ctx, fmt)
 
     def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         return self.matmul(op, "weight", x, self.bias)

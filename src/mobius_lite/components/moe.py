@@ -12,13 +12,16 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float32
-from mobius_lite.components.context import BuildContext, WeightedModule
+from mobius_lite.components.context import BuildContext, WeightedModule, fused_kernels
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
+from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
 from mobius_lite.configs.layers import MoESpec
-from mobius_lite.formats.weight import DenseWeight
+from mobius_lite.enums import Activations
+from mobius_lite.formats.weight import DenseWeight, FusedExperts, WeightFormat
 
 INT64 = ir.DataType.INT64
+EXPERT_SLOTS = ("up_proj", "down_proj")
 # Up to this many (row, expert) pairs the experts run as one gathered batched matmul.
 GATHERED_PAIRS_LIMIT = 16
 # What one Scan iteration over an unselected expert costs on onnxruntime CPU, in bytes of
@@ -77,6 +80,11 @@ class TopkRouter(nn.Module):
         return indices, weights
 
 
+def _layout(operand: FusedExperts) -> tuple[int, int]:
+    """A QMoE operand's (bit width, block size): one layer's fc1 and fc2 must share them."""
+    return operand.bits, operand.block_size
+
+
 class Experts(WeightedModule):
     """Stacked ReLU^2 experts, run for the selected experts only (any E, same nodes)."""
 
@@ -87,6 +95,73 @@ class Experts(WeightedModule):
         e, inner = spec.n_routed_experts, spec.moe_intermediate_size
         self.weight_slot("up_proj", (e, inner, input_size))
         self.weight_slot("down_proj", (e, input_size, inner))
+        # slot -> its QMoE operand, for the slots moved onto the fused kernel (--activations)
+        self._operands: dict[str, FusedExperts] = {}
+
+    # ------------------------------------------------------------------ fused kernels
+    def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
+        """Under a fused activation mode, a packed slot as a QMoE operand where it fits
+        exactly (the format's on_fused_experts); otherwise `fmt`, said once."""
+        if not fused_kernels(self.ctx) or isinstance(fmt, DenseWeight):
+            return fmt
+        moved = fmt.on_fused_experts("fc1" if attr == "up_proj" else "fc2", self._int8)
+        if isinstance(moved, str):
+            self.ctx.notice(f"{self._mode}: {moved}; kept on the exact experts route")
+            return fmt
+        self._operands[attr] = moved
+        return moved
+
+    def formats_applied(self) -> None:
+        """QMoE takes both projections or neither, with one bit width and one block size
+        (onnxruntime 1.32's CPU kernel: "Mixed-width QMoE execution is not yet implemented
+        on CPU"): else back to the slots' exact formats, said once."""
+        if not self._operands:
+            return
+        up, down = (self._operands.get(a) for a in EXPERT_SLOTS)
+        if up is not None and down is not None and _layout(up) == _layout(down):
+            cost = up.layer_byte_cost(down)
+            self.ctx.notice(
+                f"{self._mode}: experts ({up.stored_type} / {down.stored_type}) on QMoE, fc1 "
+                f"stores every up row twice (the SwiGLU form of ReLU^2): {cost:.2f}x the "
+                "GGUF experts' bytes"
+            )
+            return
+        names = " / ".join(self.weight_format_of(a).name for a in EXPERT_SLOTS)
+        for attr, operand in self._operands.items():
+            self.set_weight_format(attr, operand.exact)
+        self._operands.clear()
+        self.ctx.notice(
+            f"{self._mode}: experts {names} do not both fit one QMoE layout (one bit width and "
+            "block size); kept on the exact experts route"
+        )
+
+    @property
+    def _int8(self) -> bool:
+        return self.ctx.activations is Activations.INT8
+
+    @property
+    def _mode(self) -> str:
+        return f"--activations {self.ctx.activations.value}"
+
+    def _fused_route(self) -> str | None:
+        """ "qmoe", "moe" (dense f32 experts) or None (the Scan / Gather paths)."""
+        if all(self.weight_format_of(a) is self._operands.get(a) for a in EXPERT_SLOTS):
+            return "qmoe"
+        if fused_kernels(self.ctx) and self._scannable() and self.ctx.dtype == FLOAT:
+            self.ctx.notice(
+                f"{self._mode}: dense experts on the fused MoE kernel; its SwiGLU form of "
+                "ReLU^2 doubles every up row at session creation: 1.5x the experts' bytes"
+            )
+            return "moe"
+        return None
+
+    def _fused(self, op: OpBuilder, route: str, x: ir.Value, indices, weights) -> ir.Value:
+        if route == "moe":
+            up, down = (self.slot_values(a)[""] for a in ("up_proj", "down_proj"))
+            return dense_fused_experts(op, self.spec, x, indices, weights, up, down)
+        up, down = ((self._operands[a], self.slot_values(a)) for a in EXPERT_SLOTS)
+        accuracy = self.ctx.activations.accuracy_level
+        return quantized_fused_experts(op, self.spec, x, indices, weights, up, down, accuracy)
 
     def _expert_bytes(self) -> int:
         """Bytes of one expert's up and down weights in the activation precision."""
@@ -109,6 +184,9 @@ class Experts(WeightedModule):
           iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
           to the body without a copy; an If skips the unselected ones.
         """
+        route = self._fused_route()
+        if route is not None:
+            return self._fused(op, route, x, indices, weights)
         flat_expert = op.Reshape(indices, op.Constant(value_ints=[-1]))
         flat_weight = op.Reshape(weights, op.Constant(value_ints=[-1]))
         pairs = op.Size(flat_expert)

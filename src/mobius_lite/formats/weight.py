@@ -4,7 +4,9 @@ first member, dense float weights.
 A layer (Linear, Embedding, the experts) never branches on formats: it declares a weight slot
 and asks the slot's format to create the parameters and to emit the math. Packed formats
 (GGUF blocks, NVFP4, FP8) implement the same three methods with their own parameters and
-decode.
+decode, and say whether they move onto onnxruntime's fused CPU kernels (`--activations`):
+`on_exact_layout` for a linear's MatMulNBits, `on_fused_experts` for a QMoE operand
+(`FusedExperts`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,51 @@ class WeightFormat(Protocol):
         activation precision."""
         ...
 
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        """This weight's matmul on onnxruntime's MatMulNBits over an exact re-layout of its
+        codes at `accuracy_level` (0: f32 activations, 4: int8; `--activations`), or why there
+        is none (a sentence naming the format)."""
+        ...
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        """This stacked expert slot as the fused experts kernel's "fc1" (up) or "fc2" (down)
+        operand, exact unless `int8` allows int8 activations, or why it cannot be one (a
+        sentence naming the format)."""
+        ...
+
+
+class FusedExperts(WeightFormat, Protocol):
+    """A stacked expert slot as one operand of onnxruntime's fused QMoE kernel: its math runs
+    inside the experts' one QMoE node (components/moe_fused.py), not through matmul / select."""
+
+    @property
+    def bits(self) -> int:
+        """The operand's code width (QMoE's fc1 / fc2 expert_weight_bits)."""
+        ...
+
+    @property
+    def block_size(self) -> int:
+        """Elements per scale block along K."""
+        ...
+
+    @property
+    def stored_type(self) -> str:
+        """The name of the stored block type (for the build's lines)."""
+        ...
+
+    @property
+    def exact(self) -> WeightFormat:
+        """The slot's format on the exact route, should the layer fall back to it."""
+        ...
+
+    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """(weights, scales, zero points or None): QMoE's fc1 / fc2 inputs."""
+        ...
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
+        """This fc1 and `down` (fc2) together: package bytes over the stored experts' bytes."""
+        ...
+
 
 # (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
 WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
@@ -71,6 +118,12 @@ class DenseWeight:
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         return op.Gather(params[""], indices, axis=0)
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return self  # a dense float matmul is exact already
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return "dense experts take the fused MoE kernel as they are, not a QMoE layout"
 
 
 def gemm_transposed(
@@ -140,3 +193,9 @@ class OutputScaled:
         else:
             scale = params[OUTPUT_SCALE]
         return self._to_dtype(op, op.Mul(rows, scale))
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name} weights have no exact MatMulNBits layout"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return f"{self.name} experts have no QMoE layout"

@@ -38,7 +38,8 @@ def build_decoder(
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
     `ctx` gives the activation precision, the weight formats by checkpoint name (dense when
-    absent), the backend and how the source stores Mamba's A; default: dense FP32.
+    absent), the backend, how the source stores Mamba's A and the activation mode of the fused
+    CPU kernels (enums.Activations); default: dense FP32.
     inputs_embeds=True makes a decoder that takes embeddings instead of ids (a runtime chains
     an embedding graph before it). hidden_state_outputs=True adds hidden_states.{i} outputs
     (per-layer block outputs in the model dtype, rows flattened to [batch * sequence, hidden]) for

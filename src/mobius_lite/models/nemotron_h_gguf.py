@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.formats.ggml.relayout_part import ExactRelayoutPart, split_suffix
 from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.storage import Conversion
@@ -340,8 +341,9 @@ def row_permutation(heads: int) -> Layout:
     return layout
 
 
-def relayout_part(part: str) -> Layout:
-    """The layout giving one MatMulNBits part of a Q8_0 / Q4_0 tensor (replaces verbatim)."""
+def relayout_part(part: str, kind: str | None = None) -> Layout:
+    """The layout giving one MatMulNBits part of a Q8_0 / Q4_0 tensor (replaces verbatim), or
+    with `kind` one part of an exact code layout (MatMulNBits "nbx", QMoE "fc1" / "fc2")."""
 
     def layout(conversion: Conversion, info: TensorInfo) -> Conversion:
         if not isinstance(info.storage, GGMLStorage):
@@ -349,6 +351,9 @@ def relayout_part(part: str) -> Layout:
                 f"{info.name}: stored as {info.storage.name}, not a ggml block type; it has no "
                 f"MatMulNBits {part}"
             )
+        if kind is not None:  # an exact code layout's part (formats/ggml/relayout_part.py)
+            row_bytes = info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64))
+            return ExactRelayoutPart(info.storage.type, kind, part, row_bytes)
         return RelayoutPart(info.storage.type, part)
 
     return layout
@@ -374,14 +379,17 @@ class GGUFNames:
             weight = self._by_parameter.get(target.removesuffix(OUTPUT_SCALE))
             scale = self._scales.get(weight.gguf_name) if weight is not None else None
             return [] if scale is None else [(scale,)]
-        part = None
+        part, kind = None, None
         for suffix, name in NBITS_PARTS.items():
             if target.endswith(suffix):
                 target, part = target.removesuffix(suffix), name
+        exact = split_suffix(target)
+        if exact is not None:
+            target, kind, part = exact
         mapping = self._by_parameter.get(target)
         if mapping is None:
             return []
-        layout = relayout_part(part) if part else None
+        layout = relayout_part(part, kind) if part else None
         if mapping.layout is LayoutTransform.HEAD_ROW_PERMUTE:
             assert mapping.heads is not None
             permute = row_permutation(mapping.heads)

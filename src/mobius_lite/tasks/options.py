@@ -1,5 +1,5 @@
-"""What every task is asked to export with (precision, backend, dequantize, extra unused rules)
-and what it gives back (the package's graphs)."""
+"""What every task is asked to export with (precision, backend, dequantize, extra unused rules,
+activation mode) and what it gives back (the package's graphs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Backend, Precision
+from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
 from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
@@ -21,13 +21,15 @@ from mobius_lite.weights.binding import CONFIG_JSON_HINT, source_weight_formats
 class ExportOptions:
     """precision: weights and activations; backend: what packed formats emit; dequantize:
     every weight dense in `precision` instead; unused_rules: the source kind's deliberately
-    unused tensors (name regex -> reason), beyond the model's own; binding_hint: what a
-    binding error tells the user to check for this source."""
+    unused tensors (name regex -> reason), beyond the model's own; activations: how packed
+    matmuls and experts compute on onnxruntime's CPU kernels; binding_hint: what a binding
+    error tells the user to check for this source."""
 
     precision: Precision = Precision.F32
     backend: Backend = Backend.STANDARD
     dequantize: bool = False
     unused_rules: Mapping[str, str] = field(default_factory=dict)
+    activations: Activations = Activations.EXACT  # the CPU kernel mode (--activations)
     binding_hint: str = CONFIG_JSON_HINT  # the last sentence of a binding error
 
     def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
@@ -41,9 +43,12 @@ class ExportOptions:
         self, source: TensorSource, names: NameMap, mamba_a: str = "A_log"
     ) -> BuildContext:
         """The BuildContext of graphs bound to `source` through `names`: the options'
-        precision and backend, each weight in the format its source tensor proposes."""
+        precision, backend and activation mode, each weight in the format its source tensor
+        proposes."""
         formats = self.weight_formats(source, names)
-        return BuildContext(self.precision.ir_dtype, formats, self.backend, mamba_a)
+        return BuildContext(
+            self.precision.ir_dtype, formats, self.backend, mamba_a, self.activations
+        )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.contrib import contrib_op
 from mobius_lite.formats.ggml.blocks import as_blocks
+from mobius_lite.formats.ggml.exact_codes import exact_codes
+from mobius_lite.formats.ggml.nbits_layout import pack_codes, packed_zero_points
 from mobius_lite.formats.ggml.types import GGML_TYPES
 
 
@@ -61,12 +63,8 @@ def _layout(type_name: str) -> _Layout:
 
 
 def _packed_zero_points(n: int, k_blocks: int, layout: _Layout) -> np.ndarray:
-    """The constant ggml zero point in MatMulNBits' packed uint8 form (4-bit: two per byte,
-    low nibble first; an odd count's last high nibble is padding, set to the same value)."""
-    if layout.bits == 8:
-        return np.full((n, k_blocks), layout.zero_point, dtype=np.uint8)
-    byte = layout.zero_point | (layout.zero_point << 4)
-    return np.full((n, (k_blocks + 1) // 2), byte, dtype=np.uint8)
+    """The constant ggml zero point in MatMulNBits' packed uint8 form."""
+    return packed_zero_points((n,), k_blocks, layout.zero_point, layout.bits)
 
 
 def to_matmulnbits(
@@ -87,12 +85,7 @@ def to_matmulnbits(
     blocks = as_blocks(data, ggml_type)  # [N, k_blocks, block_bytes]
     n, k_blocks = blocks.shape[:2]
     scales = np.ascontiguousarray(blocks[..., 0:2]).view(np.dtype("<f2"))[..., 0]
-    qs = blocks[..., 2:]
-    if layout.bits == 8:
-        b = qs ^ np.uint8(0x80)  # int8 v -> uint8 v + 128
-    else:
-        codes = np.concatenate([qs & np.uint8(0xF), qs >> np.uint8(4)], axis=-1)
-        b = codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
+    b = pack_codes(exact_codes(type_name, data).codes, layout.bits)  # int8 v -> v + 128
     zero_points = _packed_zero_points(n, k_blocks, layout) if explicit_zero_points else None
     return MatMulNBitsWeights(
         b=np.ascontiguousarray(b, dtype=np.uint8),

@@ -24,10 +24,14 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
+from mobius_lite.formats.ggml.exact_codes import code_form
+from mobius_lite.formats.ggml.nbits_layout import layout_parts
+from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
 from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, emit_matmulnbits
+from mobius_lite.formats.ggml.relayout_part import NBITS_KIND, ROW_REPEAT, part_suffix
 from mobius_lite.formats.ggml.storage import codec_of
 from mobius_lite.formats.ggml.types import GGMLType
-from mobius_lite.formats.weight import gemm_transposed
+from mobius_lite.formats.weight import FusedExperts, gemm_transposed
 
 # MatMulNBits parameters beside (instead of) the slot's own: "<slot>_nbits_b", "_nbits_scales".
 NBITS_B = "_nbits_b"
@@ -51,6 +55,9 @@ DECODE, MATMULNBITS, GATHER_PACKED, MATMUL_PACKED_ROUTE = (
     "gatherpacked",
     "matmulpacked",
 )
+# MatMulNBits on an exact code layout (exact_codes.py: Q4_0, Q8_0, Q4_K, Q6_K, IQ2_XXS) with
+# uint8 zero points, at the weight's accuracy level (0: f32 activations, 4: int8)
+NBITS_EXACT = "nbits-exact"
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class GGMLWeight:
     shape: tuple[int, ...]
     matmul_route: str = DECODE
     select_route: str = DECODE
+    accuracy_level: int = 0  # MatMulNBits' on the nbits-exact route
 
     @classmethod
     def choose(
@@ -80,8 +88,31 @@ class GGMLWeight:
                 select = GATHER_PACKED
         return cls(ggml, dtype, shape, matmul, select)
 
+    def on_exact_layout(self, accuracy_level: int) -> GGMLWeight | str:
+        """This 2-D float32 weight's matmul on MatMulNBits over its exact code layout at
+        `accuracy_level`, or why there is none (a sentence naming the type)."""
+        if code_form(self.type.name) is None:
+            return f"ggml {self.type.name} has no exact MatMulNBits layout"
+        if len(self.shape) != 2 or self.dtype != ir.DataType.FLOAT:
+            return f"ggml {self.type.name}: the exact MatMulNBits layout needs 2-D f32 weights"
+        return GGMLWeight(self.type, self.dtype, self.shape, NBITS_EXACT, DECODE, accuracy_level)
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        """This stacked expert slot as QMoE's fc1 ("fc1", up) or fc2 ("fc2", down) operand
+        (formats/ggml/qmoe.py), or why it cannot be one exactly (a sentence)."""
+        from mobius_lite.formats.ggml.qmoe import QMoEExperts, qmoe_refusal
+
+        refusal = qmoe_refusal(self.type.name, int8)
+        if refusal is not None:
+            return refusal
+        if len(self.shape) != 3 or self.dtype != ir.DataType.FLOAT:
+            return f"ggml {self.type.name} experts: QMoE needs stacked f32-activation experts"
+        return QMoEExperts(self.type, self.dtype, self.shape, kind, self)
+
     @property
     def name(self) -> str:
+        if self.matmul_route == NBITS_EXACT:
+            return f"ggml {self.type.name} ({NBITS_EXACT}, accuracy {self.accuracy_level})"
         return f"ggml {self.type.name} ({self.matmul_route} / {self.select_route})"
 
     @property
@@ -91,6 +122,8 @@ class GGMLWeight:
     # ------------------------------------------------------------------ parameters
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         *lead, k = shape
+        if self.matmul_route == NBITS_EXACT:
+            return exact_layout_parameters(self.type.name, NBITS_KIND, shape)
         if self.matmul_route == MATMULNBITS:
             k_blocks = k // BLOCK_SIZE
             blob = self.type.block_bytes - 2
@@ -116,6 +149,22 @@ class GGMLWeight:
         bias: ir.Value | None = None,
     ) -> ir.Value:
         n, k = self.shape[-2], self.shape[-1]
+        if self.matmul_route == NBITS_EXACT:
+            form = code_form(self.type.name)
+            assert form is not None
+            parts = {p: params[part_suffix(NBITS_KIND, p)] for p in layout_parts(self.type.name)}
+            y = emit_exact_nbits_matmul(
+                op,
+                x,
+                parts,
+                k,
+                n,
+                form.bits,
+                form.block_size,
+                bias=bias,
+                accuracy_level=self.accuracy_level,
+            )
+            return typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
         if self.matmul_route == MATMULNBITS:
             bits = 8 if self.type.name == "Q8_0" else 4
             if x.dtype is None:  # untyped builder value: activations are in self.dtype
@@ -176,6 +225,29 @@ class GGMLWeight:
             values, op.Concat(lead, op.Constant(value_ints=[self.row_elements]), axis=0)
         )
         return self._to_activation(op, rows)
+
+
+def exact_layout_parameters(
+    type_name: str, kind: str, shape: tuple[int, ...]
+) -> dict[str, nn.Parameter]:
+    """The parameters of an exact code layout (relayout_part.py names and shapes) for a
+    logical weight [..., N, K]; kind "fc1" repeats every row (the SwiGLU form)."""
+    form = code_form(type_name)
+    assert form is not None
+    *lead, n, k = shape
+    n, k_blocks = n * ROW_REPEAT[kind], k // form.block_size
+    blob = form.block_size * form.bits // 8
+    b_shape = [*lead, n, k_blocks, blob] if kind == NBITS_KIND else [*lead, n, k_blocks * blob]
+    shapes = {
+        "b": (b_shape, ir.DataType.UINT8),
+        "scales": ([*lead, n, k_blocks], ir.DataType.FLOAT),
+        "zero_points": ([*lead, n, (k_blocks * form.bits + 7) // 8], ir.DataType.UINT8),
+        "mins": ([*lead, n, k // 32], ir.DataType.FLOAT),
+    }
+    return {
+        part_suffix(kind, p): nn.Parameter(shapes[p][0], dtype=shapes[p][1])
+        for p in layout_parts(type_name)
+    }
 
 
 def _dims(value: ir.Value, drop_last: bool = False) -> list[Any] | None:

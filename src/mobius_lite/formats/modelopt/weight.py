@@ -24,7 +24,7 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.modelopt import fp8, nvfp4
-from mobius_lite.formats.weight import gemm_transposed
+from mobius_lite.formats.weight import FusedExperts, WeightFormat, gemm_transposed
 
 FLOAT = ir.DataType.FLOAT
 SIXTEEN_BIT = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -106,6 +106,12 @@ class _ModelOptWeight:
             y = self._kernel_matmul(op, x, params)
             return op.Add(y, bias) if bias is not None else y
         return _gemm(op, x, self._dense(op, params), bias, self.dtype)
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name} weights have no exact MatMulNBits layout"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return f"{self.name} experts have no QMoE layout"
 
     def _kernel_matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value]) -> ir.Value:
         """x @ W^T with the ort route's kernel."""

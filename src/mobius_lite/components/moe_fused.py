@@ -1,0 +1,112 @@
+"""Nemotron-H's ReLU^2 experts on onnxruntime's fused com.microsoft MoE / QMoE CPU kernels.
+
+The CPU kernels refuse activation_type="relu2", but their SwiGLU computes it exactly:
+    swiglu(G, L) = G * sigmoid(alpha * G) * (L + beta)
+with fc1 giving every up row twice, interleaved (swiglu_fusion=1: [u0, u0, u1, u1, ...], so
+G = L = the up projection), beta = 0 and alpha = 1e30: sigmoid(alpha * G) is 1 for G > 0 and
+0 for G < 0 (or 1e-8-small where the kernel clamps its logistic input), so the product is
+G * G for G > 0 and 0 otherwise: relu(G)^2. The price is fc1's doubled rows: 1.5x the
+experts' bytes (the dense MoE kernel builds its doubled fc1 from the stored up_proj at session
+creation; the QMoE layouts store it).
+
+Routing stays the graph's own (TopkRouter: sigmoid + correction bias, group-limited top-k):
+- QMoE: router_probs is 0 at the k selected experts and -inf elsewhere, so its top-k is
+  exactly the graph's selection, and router_weights holds the graph's mixing weights there
+  (used as given with normalize_routing_weights=0);
+- MoE (no router_weights input): its routing is a softmax over the top-k router_probs, so
+  router_probs = log(weight) at the selected experts (-inf elsewhere) gives w / sum(w), and the
+  output is multiplied by sum(w) again.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript import OpBuilder
+
+from mobius_lite.components.common import FLOAT
+from mobius_lite.configs.layers import MoESpec
+from mobius_lite.formats.contrib import contrib_op, typed
+from mobius_lite.formats.ggml.qmoe import emit_qmoe
+from mobius_lite.formats.weight import FusedExperts
+
+# The SwiGLU attributes that make ReLU^2 (module doc); alpha >= 1e4 measured to suffice.
+RELU2_AS_SWIGLU: dict[str, object] = {
+    "activation_type": "swiglu",
+    "swiglu_fusion": 1,
+    "activation_alpha": 1e30,
+    "activation_beta": 0.0,
+}
+
+
+def _scatter_rows(op: OpBuilder, fill: float, n_experts: int, indices: ir.Value, values: ir.Value):
+    """[rows, E] filled with `fill`, `values` [rows, k] at `indices` [rows, k]."""
+    rows = op.Shape(indices, start=0, end=1)
+    shape = op.Concat(rows, op.Constant(value_ints=[n_experts]), axis=0)
+    base = op.Expand(op.Constant(value=ir.tensor(fill, dtype=FLOAT)), shape)
+    return op.ScatterElements(base, indices, values, axis=1)
+
+
+def doubled_rows(op: OpBuilder, up: ir.Value, n_experts: int, inner: int, width: int) -> ir.Value:
+    """up [E, I, D] -> [E, 2I, D] with every row twice ([u0, u0, u1, u1, ...]); a constant
+    expression onnxruntime folds once at session creation."""
+    twice = op.Concat(op.Unsqueeze(up, [2]), op.Unsqueeze(up, [2]), axis=2)  # [E, I, 2, D]
+    return op.Reshape(twice, op.Constant(value_ints=[n_experts, 2 * inner, width]))
+
+
+def dense_fused_experts(
+    op: OpBuilder,
+    spec: MoESpec,
+    x: ir.Value,
+    indices: ir.Value,
+    weights: ir.Value,
+    up: ir.Value,
+    down: ir.Value,
+) -> ir.Value:
+    """sum_k w_k * relu2-expert_k(x) on the MoE kernel, f32 [rows, D] (module doc)."""
+    e, inner, width = spec.n_routed_experts, spec.moe_intermediate_size, int(up.shape[-1])
+    probs = _scatter_rows(op, float("-inf"), e, indices, op.Log(weights))
+    out = op.MoE(
+        x,
+        probs,
+        doubled_rows(op, up, e, inner, width),
+        None,
+        down,
+        k=spec.num_experts_per_tok,
+        normalize_routing_weights=0,
+        use_sparse_mixer=0,
+        **RELU2_AS_SWIGLU,
+        **contrib_op(op),
+    )
+    out = typed(out, FLOAT, None)
+    total = op.ReduceSum(weights, op.Constant(value_ints=[-1]), keepdims=1)
+    return op.Mul(out, total)
+
+
+def quantized_fused_experts(
+    op: OpBuilder,
+    spec: MoESpec,
+    x: ir.Value,
+    indices: ir.Value,
+    weights: ir.Value,
+    fc1: tuple[FusedExperts, dict[str, ir.Value]],
+    fc2: tuple[FusedExperts, dict[str, ir.Value]],
+    accuracy_level: int,
+) -> ir.Value:
+    """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc)."""
+    (up, up_params), (down, down_params) = fc1, fc2
+    e = spec.n_routed_experts
+    zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
+    return emit_qmoe(
+        op,
+        x,
+        _scatter_rows(op, float("-inf"), e, indices, zeros),
+        _scatter_rows(op, 0.0, e, indices, weights),
+        up.operands(up_params),
+        down.operands(down_params),
+        k=spec.num_experts_per_tok,
+        fc1_bits=up.bits,
+        fc2_bits=down.bits,
+        block_size=up.block_size,
+        accuracy_level=accuracy_level,
+        activation=RELU2_AS_SWIGLU,
+    )

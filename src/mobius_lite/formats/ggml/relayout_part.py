@@ -1,0 +1,145 @@
+"""One part of an exact block-wise layout (nbits_layout.py) as a storage Conversion.
+
+A ggml tensor re-laid for MatMulNBits or QMoE feeds several initializers, one per part
+("b", "scales", "zero_points", "mins"). Parameter suffixes name the kernel and the part:
+"<slot>_nbx_b" (MatMulNBits: B [N, K / block, blob]), "<slot>_fc1_b" / "<slot>_fc2_b" (QMoE:
+B [E, N, K * bits / 8]; fc1 gives every row twice, the SwiGLU form of ReLU^2). `verify`
+recomputes a part by decoding the whole layout with the kernels' definition
+(code - zero_point) * scale [- min] and requiring gguf-py's `dequantize` bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from mobius_lite.errors import RouteError
+from mobius_lite.formats.ggml.exact_codes import CODE_FORMS
+from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, layout_parts, to_nbits_layout
+from mobius_lite.formats.ggml.types import GGMLType
+from mobius_lite.formats.storage import Bytes
+
+NBITS_KIND, FC1_KIND, FC2_KIND = "nbx", "fc1", "fc2"
+KINDS = (NBITS_KIND, FC1_KIND, FC2_KIND)
+PARTS = ("b", "scales", "zero_points", "mins")
+ROW_REPEAT = {NBITS_KIND: 1, FC1_KIND: 2, FC2_KIND: 1}
+
+
+def part_suffix(kind: str, part: str) -> str:
+    return f"_{kind}_{part}"
+
+
+# "<slot>_<kind>_<part>" -> (kind, part), for the name maps
+EXACT_SUFFIXES: dict[str, tuple[str, str]] = {
+    part_suffix(kind, part): (kind, part) for kind in KINDS for part in PARTS
+}
+
+
+def split_suffix(target: str) -> tuple[str, str, str] | None:
+    """(slot name, kind, part) of an exact-layout parameter name, None for others."""
+    for suffix, (kind, part) in EXACT_SUFFIXES.items():
+        if target.endswith(suffix):
+            return target.removesuffix(suffix), kind, part
+    return None
+
+
+def layout_decode(layout: NBitsLayout) -> np.ndarray:
+    """The weight [..., N, K] a layout stands for, by the kernels' definition, float32."""
+    b, bits, bs = layout.b, layout.bits, layout.block_size
+    codes = b if bits == 8 else np.stack([b & 0xF, b >> 4], axis=-1)
+    lead = layout.scales.shape  # [..., N, k_blocks]
+    codes = codes.reshape(*lead, bs).astype(np.float32)
+    zp = np.float32(1 << (bits - 1))
+    if layout.zero_points is not None:
+        z = layout.zero_points
+        z = z if bits == 8 else np.stack([z & 0xF, z >> 4], axis=-1).reshape(*lead[:-1], -1)
+        zp = z[..., : lead[-1], None].astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = ((codes - zp) * layout.scales[..., None]).reshape(*lead[:-1], -1)
+        if layout.mins is not None:
+            k = values.shape[-1]
+            per32 = values.reshape(*lead[:-1], k // 32, 32) - layout.mins[..., None]
+            values = per32.reshape(*lead[:-1], k)
+    return values
+
+
+@cache
+def _gguf_type(type_id: int) -> Any:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(type_id)
+
+
+@dataclass(frozen=True)
+class ExactRelayoutPart:
+    """Part `part` of the `kind` layout of a ggml tensor (module doc); `row_bytes` is one
+    source row (the unit when rows repeat)."""
+
+    type: GGMLType
+    kind: str
+    part: str
+    row_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.type.name not in CODE_FORMS or self.kind not in KINDS:
+            raise RouteError(f"no exact {self.kind} layout for ggml {self.type.name}")
+        if self.part not in layout_parts(self.type.name):
+            raise RouteError(f"ggml {self.type.name}'s exact layout has no part {self.part!r}")
+
+    @property
+    def name(self) -> str:
+        return f"relayout-{self.kind}"
+
+    @property
+    def verbatim(self) -> bool:
+        return False
+
+    @property
+    def unit_bytes(self) -> int:
+        return self.row_bytes
+
+    @property
+    def repeat(self) -> int:
+        return ROW_REPEAT[self.kind]
+
+    def _layout(self, raw: Bytes) -> tuple[np.ndarray, NBitsLayout]:
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.row_bytes)
+        return rows, to_nbits_layout(self.type.name, rows, repeat=self.repeat)
+
+    def _bytes(self, layout: NBitsLayout) -> bytes:
+        return np.ascontiguousarray(layout.arrays()[self.part]).tobytes()
+
+    def convert(self, raw: Bytes) -> Bytes:
+        return memoryview(self._bytes(self._layout(raw)[1]))
+
+    def recompute(self, raw: Bytes) -> bytes:
+        """The part, once the whole layout is shown to decode (kernel definition) to gguf-py's
+        own dequantized values bit for bit; a layout that does not is a mismatch."""
+        from gguf.quants import dequantize
+
+        rows, layout = self._layout(raw)
+        expected = np.asarray(dequantize(np.array(rows), _gguf_type(self.type.type_id)))
+        expected = np.repeat(expected.astype(np.float32), self.repeat, axis=0)
+        decoded = layout_decode(layout).reshape(expected.shape)
+        if not np.array_equal(decoded.view(np.uint32), expected.view(np.uint32)):
+            return b"layout does not decode to gguf-py's values"
+        return self._bytes(layout)
+
+    def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        form = CODE_FORMS[self.type.name]
+        *lead, n, row_bytes = stored
+        k = row_bytes // self.type.block_bytes * self.type.block_elements
+        n, k_blocks = n * self.repeat, k // form.block_size
+        if self.part == "b":
+            blob = form.block_size * form.bits // 8
+            if self.kind == NBITS_KIND:
+                return (*lead, n, k_blocks, blob)
+            return (*lead, n, k_blocks * blob)
+        if self.part == "zero_points":
+            return (*lead, n, (k_blocks * form.bits + 7) // 8)
+        if self.part == "mins":
+            return (*lead, n, k // 32)
+        return (*lead, n, k_blocks)
