@@ -40,11 +40,11 @@ class MTPBlock(Block):
         self.first = first
         self.last = last
         if first:
-            self.enorm = RMSNorm(hidden, eps, ctx.dtype)
-            self.hnorm = RMSNorm(hidden, eps, ctx.dtype)
+            self.enorm = RMSNorm(hidden, eps, ctx)
+            self.hnorm = RMSNorm(hidden, eps, ctx)
             self.eh_proj = Linear(2 * hidden, hidden, False, ctx)
         if last:
-            self.final_layernorm = RMSNorm(hidden, eps, ctx.dtype)
+            self.final_layernorm = RMSNorm(hidden, eps, ctx)
 
     def forward(  # type: ignore[override]
         self, op: OpBuilder, hidden: ir.Value, step: StepInputs, embeds: ir.Value | None = None
