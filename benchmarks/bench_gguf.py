@@ -1,5 +1,6 @@
 r"""GGUF export benchmark (issue 10): the mid nemotron_h_moe model as F32, Q8_0, Q4_K_M and
-IQ2_XXS GGUF, exported per weight route and run on onnxruntime CPU next to llama.cpp.
+IQ2_XXS GGUF (and, with --types, llama.cpp's MXFP4_MOE / TQ1_0 / TQ2_0 / Q1_0 presets),
+exported per weight route and run on onnxruntime CPU next to llama.cpp.
 
 One run:
   1. builds bench_mid.py's mid config without its dense MLP layers (llama.cpp builds every
@@ -121,9 +122,12 @@ def write_files(
     if llamacpp:
         import llama_cpp
 
+        # the presets; issue 20's FP4 / ternary / 1-bit file types where the binding has them
+        presets = ("Q8_0", "Q4_K_M", "MXFP4_MOE", "TQ1_0", "TQ2_0", "Q1_0")
         ftypes = {
-            "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-            "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+            name: getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}")
+            for name in presets
+            if hasattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}")
         }
     for name in names:
         out = workdir / f"mid-{name}.gguf"
@@ -298,15 +302,21 @@ def run_llamacpp(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> di
         llm.reset()
         llm.eval(ids)
 
+    def last_logits() -> np.ndarray:
+        # the context's own output row: llama-cpp-python 0.3.36 fills `scores` only with
+        # logits_all, which would make llama.cpp compute every prefill position's logits
+        row = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).copy()
+
     prefill()
     prefill_s = median_time(prefill, args.repeats)
-    logits = [np.array(llm.scores[llm.n_tokens - 1])]
+    logits = [last_logits()]
     tokens, steps = [int(np.argmax(logits[-1]))], []
     for _ in range(args.decode_tokens):
         start = time.perf_counter()
         llm.eval([tokens[-1]])
         steps.append(time.perf_counter() - start)
-        logits.append(np.array(llm.scores[llm.n_tokens - 1]))
+        logits.append(last_logits())
         tokens.append(int(np.argmax(logits[-1])))
     np.save(args.workdir / "llamacpp-logits.npy", np.stack(logits))
     return {
