@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -83,6 +84,24 @@ def test_tied_gguf_qualifies(tmp_path: Path) -> None:
         model.lm_head.weight.copy_(model.model.embeddings.weight)
     (path,) = write_gguf(tmp_path / "tied.gguf", model, "nemotron_h", {r".": "Q8_0"})
     assert all(not t.name.startswith("output.") for t in gguf.GGUFReader(path).tensors)
+    assert main(["build", "--model", str(path), "--output", str(tmp_path / "pkg"), "-q"]) == 0
+    report = qualify(tmp_path / "pkg", path, prompt_ids=PROMPT, steps=1, output=tmp_path / "q")
+    assert _statuses(report) == dict.fromkeys(VERDICTS, "PASS"), report.as_dict()
+
+
+def test_gguf_with_scale_sidecars_qualifies(tmp_path: Path) -> None:
+    """llama.cpp's `.scale` tensors (per tensor and per expert, far from 1): the reference's
+    weights are the blocks times their scale, as llama.cpp computes."""
+    model = make_reference(dict(layers_block_type=GGUF_PATTERN, chunk_size=4), seed=4)
+    experts = model.config.n_routed_experts
+    scales = {
+        "blk.0.ssm_in.weight": np.array([2.5], np.float32),
+        "blk.2.attn_q.weight": np.array([0.3], np.float32),
+        "blk.1.ffn_up_exps.weight": np.linspace(0.2, 3.0, experts, dtype=np.float32),
+    }
+    (path,) = write_gguf(
+        tmp_path / "scaled.gguf", model, "nemotron_h_moe", {r".": "Q8_0"}, scales=scales
+    )
     assert main(["build", "--model", str(path), "--output", str(tmp_path / "pkg"), "-q"]) == 0
     report = qualify(tmp_path / "pkg", path, prompt_ids=PROMPT, steps=1, output=tmp_path / "q")
     assert _statuses(report) == dict.fromkeys(VERDICTS, "PASS"), report.as_dict()

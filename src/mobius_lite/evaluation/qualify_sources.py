@@ -129,7 +129,9 @@ def reference_checkpoint(
 
 
 def _gguf_dense(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a GGUF file dequantized by gguf-py, in the released layout and names."""
+    """Every tensor of a GGUF file dequantized by gguf-py, in the released layout and names,
+    each weight times its `.scale` tensor where it has one (`.input_scale`: unused, as in the
+    export)."""
     import gguf
 
     from mobius_lite.models.nemotron_h_gguf import (
@@ -149,6 +151,10 @@ def _gguf_dense(path: Path) -> dict[str, np.ndarray]:
         tensor = stored[mapping.gguf_name]
         values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
         values = values.reshape(mapping.gguf_shape)
+        scale = stored.get(mapping.gguf_name.removesuffix(".weight") + ".scale")
+        if scale is not None:  # llama.cpp's `.scale`: the weight is its blocks times it
+            factor = np.asarray(scale.data, np.float32).reshape(-1)  # [1], or [E] for experts
+            values = values * factor.reshape(-1, *(1,) * (values.ndim - 1))
         if mapping.layout is LayoutTransform.HEAD_ROW_PERMUTE:
             values = values[mapping.row_order()]
         if mapping.values is ValueTransform.NEGATED_EXP:
