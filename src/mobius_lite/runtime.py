@@ -130,7 +130,30 @@ def create_session(
     )
 
 
-class DecoderSession:
+class CachedSession:
+    """An onnxruntime session that carries its own cache: the cache inputs, every input's
+    element type and the output names are read from the session (decoder and MTP head)."""
+
+    def __init__(
+        self,
+        model: str | Path | bytes,
+        providers: list[str] | None = None,
+        session_options: Any = None,
+    ) -> None:
+        self.session = create_session(model, providers, session_options)
+        self.cache = cache_inputs(self.session)
+        self.inputs = input_dtypes(self.session)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.past: dict[str, np.ndarray] = {}
+        self.mask: np.ndarray | None = None
+
+    def reset(self, batch: int) -> None:
+        """Start a fresh sequence (empty caches)."""
+        self.past = {c.past_name: c.empty(batch) for c in self.cache}
+        self.mask = np.zeros((batch, 0), dtype=np.int64)
+
+
+class DecoderSession(CachedSession):
     """An onnxruntime session over a package's decoder that carries its own cache.
 
     `model` is the decoder file or serialized model bytes (an instrumented twin);
@@ -145,10 +168,7 @@ class DecoderSession:
         providers: list[str] | None = None,
         session_options: Any = None,
     ) -> None:
-        self.session = create_session(model, providers, session_options)
-        self.cache = cache_inputs(self.session)
-        self.inputs = input_dtypes(self.session)
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        super().__init__(model, providers, session_options)
         logits = next((o for o in self.session.get_outputs() if o.name == "logits"), None)
         last = logits.shape[-1] if logits is not None and logits.shape else None
         self.vocab_size: int | None = last if isinstance(last, int) else None
@@ -156,13 +176,6 @@ class DecoderSession:
         self.keeps_logits = LOGITS_TO_KEEP in self.inputs or LOGITS_TO_KEEP in {
             i.name for i in self.session.get_overridable_initializers()
         }
-        self.past: dict[str, np.ndarray] = {}
-        self.mask: np.ndarray | None = None
-
-    def reset(self, batch: int) -> None:
-        """Start a fresh sequence (empty caches)."""
-        self.past = {c.past_name: c.empty(batch) for c in self.cache}
-        self.mask = np.zeros((batch, 0), dtype=np.int64)
 
     def check_ids(self, ids: np.ndarray) -> None:
         """ConfigError when a token id lies outside the decoder's vocabulary."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import ConfigError, PackageError
-from mobius_lite.runtime import DecoderSession, cache_inputs, create_session, input_dtypes
+from mobius_lite.runtime import CachedSession, DecoderSession
 
 HIDDEN_STATES = "hidden_states"
 MTP_HIDDEN_STATES = "mtp_hidden_states"
@@ -49,7 +49,7 @@ class DraftHead(Protocol):
         ...
 
 
-class MtpHead:
+class MtpHead(CachedSession):
     """An onnxruntime session over a package's mtp.onnx that carries the head's KV cache.
 
     Cache inputs and element types are read from the session (runtime.cache_inputs), so an
@@ -62,10 +62,7 @@ class MtpHead:
         providers: list[str] | None = None,
         session_options: Any = None,
     ) -> None:
-        self.session = create_session(model, providers, session_options)
-        self.inputs = input_dtypes(self.session)
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self.cache = cache_inputs(self.session)
+        super().__init__(model, providers, session_options)
         wanted = {"input_ids", HIDDEN_STATES, "attention_mask"} - set(self.inputs)
         wanted |= {"logits", MTP_HIDDEN_STATES} - set(self.output_names)
         if wanted or not self.cache:
@@ -75,16 +72,11 @@ class MtpHead:
                 f"{where} lacks {missing} of the MTP head contract (docs/decoder_contract.md); "
                 "rebuild the package with this version of mobius"
             )
-        self.past: dict[str, np.ndarray] = {}
         self.mask = np.zeros((0, 0), dtype=np.int64)
 
     @property
     def length(self) -> int:
         return int(self.mask.shape[1])
-
-    def reset(self, batch: int) -> None:
-        self.past = {c.past_name: c.empty(batch) for c in self.cache}
-        self.mask = np.zeros((batch, 0), dtype=np.int64)
 
     def step(
         self, input_ids: np.ndarray, hidden_states: np.ndarray, attention_mask: np.ndarray
