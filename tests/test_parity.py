@@ -254,7 +254,14 @@ def test_ort_backend_matches_transformers(case: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("path", "case"),
-    [("scan", "left_padded_batch"), ("scan", "all_kinds"), ("loop", "left_padded_batch")],
+    [
+        ("scan", "left_padded_batch"),
+        ("scan", "all_kinds"),
+        ("scan", "grouped_routing"),
+        ("scan-grouped", "left_padded_batch"),
+        ("scan-grouped", "grouped_routing"),
+        ("loop", "left_padded_batch"),
+    ],
 )
 def test_every_expert_path_matches_transformers(
     path: str, case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -264,11 +271,16 @@ def test_every_expert_path_matches_transformers(
     gathered path and the Loop are chosen by themselves, so each other path is forced here
     through the thresholds the graph bakes in, and must pass the same gates. Inside the Scan
     an expert with one row (every expert of a batch-1 decode step) takes the Gemm form and one
-    with several rows (prefill) the MatMul form: the batch-1 case runs both."""
+    with several rows (prefill) the MatMul form: the batch-1 case runs both. For few pairs
+    the Scan goes over groups of experts (grouped_routing's 16 experts, k=3: groups of 2 at
+    decode); "scan-grouped" takes that path for every call, prefill and batches included."""
     from mobius_lite.components import moe
 
-    if path == "scan":
+    if path.startswith("scan"):
         monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 0)
+    if path == "scan-grouped":
+        monkeypatch.setattr(moe, "scan_group_size", lambda n_experts, k: 2)
+        monkeypatch.setattr(moe, "grouped_scan_pairs_limit", lambda n_experts, group: 1 << 40)
     else:
         monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 1 << 40)
         monkeypatch.setattr(moe, "GATHERED_PAIRS_LIMIT", 0)

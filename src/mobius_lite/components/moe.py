@@ -297,7 +297,14 @@ class Experts(WeightedModule):
         self, op: OpBuilder, x: ir.Value, flat_expert: ir.Value, flat_weight: ir.Value
     ) -> ir.Value:
         """Scan over every expert's weight slices (views, no copy); the selected ones run on
-        the rows that chose them, accumulated like the Loop path (ScatterND add, FP32)."""
+        the rows that chose them, accumulated like the Loop path (ScatterND add, FP32).
+
+        Every Scan iteration costs onnxruntime a subgraph run even when its If skips the
+        expert, so for few pairs (a decode step) the experts are scanned in groups of
+        `scan_group_size` (a Reshape of the stacked weights: still views): an outer Scan over
+        the groups skips a whole group unless one of its experts was chosen, an inner one
+        runs the chosen group's experts. E=64, k=4: at most 16 + 4 * 4 = 32 iterations for 64.
+        """
         k, e = self.spec.num_experts_per_tok, self.spec.n_routed_experts
         flat_row = _flat_rows(op, x, k)
         # Pairs per expert, [E]; an expert with none is skipped inside the Scan.
@@ -308,17 +315,96 @@ class Experts(WeightedModule):
             axis=0,
             reduction="add",
         )
-        chosen = op.Greater(counts, op.Constant(value=ir.tensor(0, dtype=INT64)))
+        zero = op.Constant(value=ir.tensor(0, dtype=INT64))
+        chosen = op.Greater(counts, zero)
         expert_ids = op.Range(
-            op.Constant(value=ir.tensor(0, dtype=INT64)),
+            zero,
             op.Constant(value=ir.tensor(e, dtype=INT64)),
             op.Constant(value=ir.tensor(1, dtype=INT64)),
         )
         zeros = op.Mul(to_float32(op, x), op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
         up = self.slot_values("up_proj")[""]
         down = self.slot_values("down_proj")[""]
+
+        def expert_body(op: OpBuilder) -> ir.Graph:  # one graph per Scan that runs it
+            return self._scan_body(op, x, flat_row, flat_expert, flat_weight)
+
+        def flat(op: OpBuilder) -> ir.Value:
+            body = expert_body(op)
+            return op.Scan(zeros, up, down, chosen, expert_ids, body=body, num_scan_inputs=4)
+
+        group = scan_group_size(e, k)
+
+        def grouped(op: OpBuilder) -> ir.Value:
+            def by_group(value: ir.Value, *tail: int) -> ir.Value:
+                return op.Reshape(value, op.Constant(value_ints=[e // group, group, *tail]))
+
+            inner, width = self.spec.moe_intermediate_size, self.input_size
+            group_chosen = op.Greater(
+                op.ReduceSum(by_group(counts), op.Constant(value_ints=[1]), keepdims=0), zero
+            )
+            outer_body = self._group_body(op, expert_body(op), group)
+            return op.Scan(
+                zeros,
+                by_group(up, inner, width),
+                by_group(down, width, inner),
+                by_group(chosen),
+                by_group(expert_ids),
+                group_chosen,
+                body=outer_body,
+                num_scan_inputs=5,
+            )
+
+        few_pairs = op.LessOrEqual(
+            op.Size(flat_expert),
+            op.Constant(value=ir.tensor(grouped_scan_pairs_limit(e, group), dtype=INT64)),
+        )
+        out = op.If(
+            few_pairs,
+            then_branch=self._acc_graph(op, grouped, "experts_scan_grouped"),
+            else_branch=self._acc_graph(op, flat, "experts_scan_flat"),
+        )
+        out.type, out.shape = ir.TensorType(FLOAT), ir.Shape(["rows", self.input_size])
+        return out
+
+    def _acc_graph(self, op: OpBuilder, fn, name: str) -> ir.Graph:
+        """A branch graph with no inputs whose one output is an FP32 [rows, D] accumulator."""
         width = ir.Shape(["rows", self.input_size])
-        inner = self.spec.moe_intermediate_size
+        out = ir.Value(name=f"{name}_acc", type=ir.TensorType(FLOAT), shape=width)
+        return op.builder.subgraph(fn, inputs=[], outputs=[out], name=name)
+
+    def _scan_inputs(self, lead: tuple[int, ...] = ()) -> list[ir.Value]:
+        """The per-iteration inputs of an experts Scan body: the accumulator, then one
+        expert's (or, with `lead`, one group's) up / down slices, chosen flags and ids."""
+        inner, width, dtype = self.spec.moe_intermediate_size, self.input_size, self.ctx.dtype
+        lead_shape = list(lead)
+        return [
+            ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=ir.Shape(["rows", width])),
+            ir.Value(
+                name="up_e", type=ir.TensorType(dtype), shape=ir.Shape([*lead_shape, inner, width])
+            ),
+            ir.Value(
+                name="down_e",
+                type=ir.TensorType(dtype),
+                shape=ir.Shape([*lead_shape, width, inner]),
+            ),
+            ir.Value(name="chosen_e", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape(lead)),
+            ir.Value(name="expert_e", type=ir.TensorType(INT64), shape=ir.Shape(lead)),
+        ]
+
+    def _acc_output(self) -> ir.Value:
+        width = ir.Shape(["rows", self.input_size])
+        return ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=width)
+
+    def _scan_body(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        flat_row: ir.Value,
+        flat_expert: ir.Value,
+        flat_weight: ir.Value,
+    ) -> ir.Graph:
+        """One expert per iteration: if chosen, its rows' contribution is added to acc."""
 
         def body(
             op: OpBuilder,
@@ -345,37 +431,39 @@ class Experts(WeightedModule):
                     reduction="add",
                 )
 
-            def keep(op: OpBuilder) -> ir.Value:
-                return op.Identity(acc)
-
-            def graph(fn, name: str) -> ir.Graph:
-                out = ir.Value(name=f"{name}_acc", type=ir.TensorType(FLOAT), shape=width)
-                return op.builder.subgraph(fn, inputs=[], outputs=[out], name=name)
-
             return op.If(
-                chosen_e, then_branch=graph(run, "expert_run"), else_branch=graph(keep, "skip")
+                chosen_e,
+                then_branch=self._acc_graph(op, run, "expert_run"),
+                else_branch=self._acc_graph(op, lambda op: op.Identity(acc), "skip"),
             )
 
-        dtype = self.ctx.dtype
-        body_graph = op.builder.subgraph(
-            body,
-            inputs=[
-                ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=width),
-                ir.Value(
-                    name="up_e", type=ir.TensorType(dtype), shape=ir.Shape([inner, self.input_size])
-                ),
-                ir.Value(
-                    name="down_e",
-                    type=ir.TensorType(dtype),
-                    shape=ir.Shape([self.input_size, inner]),
-                ),
-                ir.Value(name="chosen_e", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-                ir.Value(name="expert_e", type=ir.TensorType(INT64), shape=ir.Shape([])),
-            ],
-            outputs=[ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=width)],
-            name="experts_scan_body",
+        return op.builder.subgraph(
+            body, inputs=self._scan_inputs(), outputs=[self._acc_output()], name="experts_scan_body"
         )
-        return op.Scan(zeros, up, down, chosen, expert_ids, body=body_graph, num_scan_inputs=4)
+
+    def _group_body(self, op: OpBuilder, expert_body: ir.Graph, group: int) -> ir.Graph:
+        """One group of experts per iteration: skipped whole unless one of them was chosen,
+        else the experts Scan over its `group` slices."""
+
+        def body(op: OpBuilder, acc, up_g, down_g, chosen_g, ids_g, group_chosen):
+            def run(op: OpBuilder) -> ir.Value:
+                return op.Scan(
+                    acc, up_g, down_g, chosen_g, ids_g, body=expert_body, num_scan_inputs=4
+                )
+
+            return op.If(
+                group_chosen,
+                then_branch=self._acc_graph(op, run, "group_run"),
+                else_branch=self._acc_graph(op, lambda op: op.Identity(acc), "group_skip"),
+            )
+
+        inputs = self._scan_inputs((group,))
+        inputs.append(
+            ir.Value(name="group_chosen", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+        )
+        return op.builder.subgraph(
+            body, inputs=inputs, outputs=[self._acc_output()], name="experts_group_body"
+        )
 
     def _expert_rows(
         self, op: OpBuilder, rows: ir.Value, up_e: ir.Value, down_e: ir.Value
@@ -451,6 +539,24 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             routed = op.Add(routed, self.shared_experts(op, x))
         return routed
+
+
+def scan_group_size(n_experts: int, k: int) -> int:
+    """The divisor s of E that makes a decode step's grouped Scan shortest (E / s outer
+    iterations plus s for each of the k chosen groups at most); 1 when no grouping beats the
+    plain Scan's E iterations (the grouped branch is then never taken, but stays in the
+    graph, so the node count does not depend on E)."""
+    best, best_cost = 1, n_experts
+    for s in range(2, n_experts):
+        if n_experts % s == 0 and n_experts // s + k * s < best_cost:
+            best, best_cost = s, n_experts // s + k * s
+    return best
+
+
+def grouped_scan_pairs_limit(n_experts: int, group: int) -> int:
+    """Up to this many (row, expert) pairs the grouped Scan's worst case (every pair in its
+    own group) takes fewer iterations than the plain Scan's E; 0 for groups of one."""
+    return (n_experts - n_experts // group) // group
 
 
 def _flat_rows(op: OpBuilder, x: ir.Value, k: int) -> ir.Value:
