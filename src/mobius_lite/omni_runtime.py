@@ -28,6 +28,7 @@ from mobius_lite.runtime import (
     create_session,
     greedy,
     input_dtypes,
+    stop_token_ids,
 )
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.speculative import SpeculationStats, open_head, speculative_greedy
@@ -213,25 +214,34 @@ class OmniSession:
     @property
     def stop_tokens(self) -> set[int]:
         """The text model's end-of-sequence ids."""
-        eos = self.config.text.eos_token_id
-        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        return stop_token_ids(self.config.text.eos_token_id)
 
     def generate(
-        self, input_ids: np.ndarray, media: Media | None = None, max_new_tokens: int = 16
+        self,
+        input_ids: np.ndarray,
+        media: Media | None = None,
+        max_new_tokens: int = 16,
+        stop_at_eos: bool = True,
     ) -> Generation:
-        """Greedy tokens after the prompt (until an end-of-sequence id), and every decoder
-        call's outputs (prefill first; its logits for the last position only)."""
+        """Greedy tokens after the prompt (until an end-of-sequence id, unless not
+        `stop_at_eos`), and every decoder call's outputs (prefill first; its logits for the
+        last position only)."""
         prepared = self.prepare(input_ids, media)
         return greedy(
             self.decoder,
             prepared.inputs_embeds,
             max_new_tokens,
             next_input=self.embed_token,
-            stop_tokens=self.stop_tokens,
+            stop_tokens=self.stop_tokens if stop_at_eos else (),
         )
 
     def generate_speculative(
-        self, input_ids: np.ndarray, media: Media | None, max_new_tokens: int, k: int
+        self,
+        input_ids: np.ndarray,
+        media: Media | None,
+        max_new_tokens: int,
+        k: int,
+        stop_at_eos: bool = True,
     ) -> tuple[list[int], list[dict[str, np.ndarray]], SpeculationStats]:
         """`generate`'s greedy tokens, drafted `k` at a time by the package's MTP head and
         verified by the decoder (speculative.py); also the draft counts."""
@@ -246,7 +256,7 @@ class OmniSession:
             k,
             prompt_input=prepared.inputs_embeds,
             decoder_input=self.embed,
-            stops=self.stop_tokens,
+            stops=self.stop_tokens if stop_at_eos else (),
             outputs=outputs,
         )
         return tokens[0], outputs, stats

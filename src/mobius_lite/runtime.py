@@ -236,6 +236,15 @@ def check_token_ids(ids: np.ndarray, vocab_size: int | None) -> None:
         )
 
 
+def stop_token_ids(eos_token_id: int | Sequence[int] | None) -> set[int]:
+    """A config's end-of-sequence id (one, several, or none) as the set greedy stops at."""
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, (list, tuple)):
+        return {int(t) for t in eos_token_id}
+    return {int(eos_token_id)}
+
+
 def token_input(token: int) -> np.ndarray:
     """The decoder input of one generated token: input_ids [[token]]."""
     return np.array([[token]], dtype=np.int64)

@@ -49,7 +49,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--audio", action="append", default=[], metavar="WAV", help="a 16 kHz WAV clip (repeatable)"
     )
     p.add_argument(
-        "--max-new-tokens", type=int, default=32, help="tokens to generate (default: %(default)s)"
+        "--max-new-tokens",
+        type=int,
+        default=32,
+        help="most tokens to generate; generation stops earlier at the model's end-of-sequence "
+        "token (config.json eos_token_id), which is printed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop at the end-of-sequence token: generate --max-new-tokens tokens",
     )
     p.add_argument(
         "--ep",
@@ -73,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.configs.model_types import model_type_of
     from mobius_lite.enums import Task
     from mobius_lite.package_reader import open_package
-    from mobius_lite.runtime import session_providers
+    from mobius_lite.runtime import session_providers, stop_token_ids
     from mobius_lite.sources.config_json import read_config_json
 
     package = Path(args.package)
@@ -94,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.image or args.audio:
             raise ConfigError(f"{package} is a text package: it takes no --image or --audio")
-        tokens = _text(args, files.graph(GraphRole.DECODER), tokenizer, providers)
+        stops = set() if args.ignore_eos else stop_token_ids(raw.get("eos_token_id"))
+        tokens = _text(args, files.graph(GraphRole.DECODER), tokenizer, providers, stops)
     print(" ".join(map(str, tokens)) if args.ids else tokenizer.decode(tokens))
     return 0
 
 
-def _text(args, decoder_file: Path, tokenizer, providers: list[str]) -> list[int]:
+def _text(args, decoder_file: Path, tokenizer, providers: list[str], stops: set[int]) -> list[int]:
     from mobius_lite.runtime import DecoderSession, greedy
     from mobius_lite.speculative import open_head, speculative_greedy
 
@@ -107,8 +117,10 @@ def _text(args, decoder_file: Path, tokenizer, providers: list[str]) -> list[int
     session = DecoderSession(decoder_file, providers)
     ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
     if head is None:
-        return greedy(session, ids, args.max_new_tokens).tokens
-    tokens, stats = speculative_greedy(session, head, ids, args.max_new_tokens, args.speculative)
+        return greedy(session, ids, args.max_new_tokens, stop_tokens=stops).tokens
+    tokens, stats = speculative_greedy(
+        session, head, ids, args.max_new_tokens, args.speculative, stops=stops
+    )
     _report(stats)
     return tokens[0]
 
@@ -142,11 +154,11 @@ def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
     print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
     if args.speculative:
         tokens, _, stats = session.generate_speculative(
-            ids, media, args.max_new_tokens, args.speculative
+            ids, media, args.max_new_tokens, args.speculative, stop_at_eos=not args.ignore_eos
         )
         _report(stats)
         return tokens
-    return session.generate(ids, media, args.max_new_tokens).tokens
+    return session.generate(ids, media, args.max_new_tokens, stop_at_eos=not args.ignore_eos).tokens
 
 
 def _report(stats) -> None:
