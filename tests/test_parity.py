@@ -274,13 +274,13 @@ def test_every_expert_path_matches_transformers(
     with several rows (prefill) the MatMul form: the batch-1 case runs both. For few pairs
     the Scan goes over groups of experts (grouped_routing's 16 experts, k=3: groups of 2 at
     decode); "scan-grouped" takes that path for every call, prefill and batches included."""
-    from mobius_lite.components import moe
+    from mobius_lite.components import moe, moe_scan
 
     if path.startswith("scan"):
         monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 0)
     if path == "scan-grouped":
-        monkeypatch.setattr(moe, "scan_group_size", lambda n_experts, k: 2)
-        monkeypatch.setattr(moe, "grouped_scan_pairs_limit", lambda n_experts, group: 1 << 40)
+        monkeypatch.setattr(moe_scan, "scan_group_size", lambda n_experts, k: 2)
+        monkeypatch.setattr(moe_scan, "grouped_scan_pairs_limit", lambda n_experts, group: 1 << 40)
     else:
         monkeypatch.setattr(moe, "SCAN_ITERATION_BYTES", 1 << 40)
         monkeypatch.setattr(moe, "GATHERED_PAIRS_LIMIT", 0)
