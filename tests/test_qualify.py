@@ -16,7 +16,8 @@ import torch
 import mobius_lite
 from mobius_lite.cli.main import main
 from mobius_lite.errors import ConfigError, PackageError
-from mobius_lite.evaluation.qualify import ARRAYS_FILE, VERDICTS, qualify, rescore
+from mobius_lite.evaluation.qualify import qualify, rescore
+from mobius_lite.evaluation.qualify_report import ARRAYS_FILE, VERDICTS
 from mobius_lite.evaluation.scoring import GATE_COSINE, GATE_NRMSE
 from nemotron_reference import make_reference, pinned_torch
 

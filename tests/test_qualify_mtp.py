@@ -11,7 +11,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import mobius_lite
-from mobius_lite.evaluation.qualify import format_table, qualify, rescore
+from mobius_lite.evaluation.qualify import qualify, rescore
+from mobius_lite.evaluation.qualify_report import format_table
 from mobius_lite.evaluation.scoring import FAIL, PASS
 from mtp_fixtures import write_nemotron_h_mtp_checkpoint
 

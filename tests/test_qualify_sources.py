@@ -17,7 +17,8 @@ import modelopt_fixtures as mf
 from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.errors import ConfigError
-from mobius_lite.evaluation.qualify import VERDICTS, qualify
+from mobius_lite.evaluation.qualify import qualify
+from mobius_lite.evaluation.qualify_report import VERDICTS
 from mobius_lite.evaluation.validity import source_fidelity
 from nemotron_reference import make_reference
 

@@ -80,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mobius_lite.evaluation.qualify import format_table, parse_prompt_ids, qualify, rescore
+    from mobius_lite.evaluation.qualify import parse_prompt_ids, qualify, rescore
+    from mobius_lite.evaluation.qualify_report import format_table
 
     if args.rescore:
         if args.package or args.source:

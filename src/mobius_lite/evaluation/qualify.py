@@ -17,7 +17,6 @@ import json
 import platform
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,15 @@ from mobius_lite.evaluation.instrument import (
     external_data_session_options,
     instrument,
 )
+from mobius_lite.evaluation.qualify_report import (
+    ARRAYS_FILE,
+    REPORT_FILE,
+    RESCORE_FILE,
+    QualifyReport,
+    load_arrays,
+    save_arrays,
+    to_json,
+)
 from mobius_lite.evaluation.qualify_sources import (
     GGUF_SOURCE,
     MODELOPT_SOURCE,
@@ -45,7 +53,7 @@ from mobius_lite.evaluation.qualify_sources import (
     source_config,
     source_kind,
 )
-from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, Verdict
+from mobius_lite.evaluation.scoring import NOT_RUN, Verdict
 from mobius_lite.evaluation.validity import (
     check_graph,
     graph_verdict,
@@ -59,11 +67,6 @@ from mobius_lite.runtime import DecoderSession, greedy, session_providers
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references
 
-REPORT_FILE = "report.json"
-ARRAYS_FILE = "arrays.npz"
-RESCORE_FILE = "rescore.json"
-VERDICTS = ("graph_validity", "source_fidelity", "numerical_parity", "generation")
-OPTIONAL_VERDICTS = ("mtp_head",)  # packages with an MTP head (evaluation/qualify_mtp.py)
 DEFAULT_STEPS = 5
 DEFAULT_PROMPT_LENGTH = 16
 # what the reference computes with, per source kind (evaluation/qualify_sources.py)
@@ -86,33 +89,6 @@ VERSIONED_PACKAGES = (
     "safetensors",
     "gguf",
 )
-
-
-@dataclass
-class QualifyReport:
-    """The four verdicts plus the run's facts; `as_dict` is what report.json holds."""
-
-    verdicts: dict[str, Verdict]
-    run: dict[str, Any] = field(default_factory=dict)
-    directory: Path | None = None
-
-    @property
-    def failed(self) -> bool:
-        return any(v.status == FAIL for v in self.verdicts.values())
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.failed else 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            **{
-                name: self.verdicts[name].as_dict()
-                for name in VERDICTS + OPTIONAL_VERDICTS
-                if name in self.verdicts
-            },
-            "run": self.run,
-        }
 
 
 # ----------------------------------------------------------------------------- facts
@@ -438,9 +414,9 @@ def _finish(
     reference: dict[str, np.ndarray],
 ) -> QualifyReport:
     """Save the arrays and report.json of a run into `out_dir`."""
-    _save_arrays(out_dir / ARRAYS_FILE, ours, reference, report.run)
+    save_arrays(out_dir / ARRAYS_FILE, ours, reference, report.run)
     report.directory = out_dir
-    (out_dir / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=_json))
+    (out_dir / REPORT_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=to_json))
     return report
 
 
@@ -512,33 +488,6 @@ def _decide(
     return QualifyReport(verdicts, run)
 
 
-RUN_KEY = "meta/run.json"
-
-
-def _save_arrays(
-    path: Path, ours: dict[str, np.ndarray], reference: dict[str, np.ndarray], run: dict
-) -> None:
-    """Every array, plus the run's facts (versions, graph hashes, execution order) as JSON
-    text under meta/run.json, so the file documents itself."""
-    payload = {f"package/{k}": v for k, v in ours.items()}
-    payload.update({f"reference/{k}": v for k, v in reference.items()})
-    payload[RUN_KEY] = np.array(json.dumps(run, default=_json))
-    np.savez(path, **payload)
-
-
-def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    ours: dict[str, np.ndarray] = {}
-    reference: dict[str, np.ndarray] = {}
-    with np.load(path, allow_pickle=False) as data:
-        for key in data.files:
-            side, _, rest = key.partition("/")
-            if side == "package":
-                ours[rest] = data[key]
-            elif side == "reference":
-                reference[rest] = data[key]
-    return ours, reference
-
-
 def rescore(directory: str | Path) -> QualifyReport:
     """Re-decide the verdicts of a saved run from its arrays alone (no model, no session).
 
@@ -555,48 +504,5 @@ def rescore(directory: str | Path) -> QualifyReport:
     ours, reference = load_arrays(directory / run.get("arrays", ARRAYS_FILE))
     report = _decide(run, ours, reference)
     report.directory = directory
-    (directory / RESCORE_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=_json))
+    (directory / RESCORE_FILE).write_text(json.dumps(report.as_dict(), indent=2, default=to_json))
     return report
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
-
-
-# ----------------------------------------------------------------------------- human output
-def format_table(report: QualifyReport) -> str:
-    """A short table readable in ten seconds: one line per verdict, one per array family."""
-    lines = [f"{'verdict':<18}{'result':<9}evidence"]
-    for name in (*VERDICTS, *(n for n in OPTIONAL_VERDICTS if n in report.verdicts)):
-        v = report.verdicts[name]
-        lines.append(f"{name:<18}{v.status:<9}{v.summary}")
-    families = report.verdicts["numerical_parity"].evidence.get("families", {})
-    if families:
-        lines.append("")
-        lines.append(f"{'array family':<18}{'pass':>9}  {'worst NRMSE':>11}  {'min cosine':>10}")
-        for fam, f in families.items():
-            lines.append(
-                f"{fam:<18}{f['passed']:>4}/{f['compared']:<4}  {f['worst_nrmse']:>11.2e}  "
-                f"{f['min_cosine']:>10.6f}"
-            )
-        routing = report.verdicts["numerical_parity"].evidence.get("routing", {})
-        if routing.get("rows"):
-            same = routing["rows"] - routing["rows_with_different_expert_sets"]
-            lines.append(
-                f"{'routing sets':<18}{same:>4}/{routing['rows']:<4}  rows choose the same "
-                "experts (reported, not gated)"
-            )
-    gates = (
-        f"gates: finite, NRMSE <= {scoring.GATE_NRMSE}, cosine >= {scoring.GATE_COSINE}, "
-        "exact tokens"
-    )
-    lines += ["", gates]
-    if report.directory is not None:
-        lines.append(f"report: {report.directory / REPORT_FILE}")
-    return "\n".join(lines)
