@@ -8,7 +8,9 @@ float64 numpy ReLU^2 MoE over those values; llama.cpp's Q8_K activation quantiza
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,8 @@ ROWS = 32
         ("Q4_K", "Q4_K", MinTermPlan(4, 32, True, 3)),
         ("Q4_K", "Q6_K", MinTermPlan(8, 16, True, 1)),
         ("Q6_K", "Q4_K", MinTermPlan(8, 16, False, 2)),
+        ("Q4_0", "Q4_K", MinTermPlan(8, 32, False, 2)),  # Q4_0 as 8-bit codes q + 120
+        ("Q4_K", "Q8_0", MinTermPlan(8, 32, True, 1)),
     ],
 )
 def test_min_term_operands_stand_for_gguf_pys_values(type_up, type_down, plan) -> None:
@@ -214,6 +218,27 @@ def test_int8_puts_q4_k_m_experts_on_qmoe(q4_k_m: dict[str, Any]) -> None:
             assert margin < 2 * deviation
             break
     assert main(["verify", str(q4_k_m["int8"]), "--source", str(q4_k_m["gguf"]), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("where", ["main codes", "min copy"])
+def test_verify_catches_a_flipped_min_term_code(q4_k_m, tmp_path: Path, where: str) -> None:
+    """A flipped byte in the all-Q4_K layer's fc2 codes, in its A2 part or its -B2 copy (the
+    min term), no longer stands for the GGUF's experts: verify reports it."""
+    package = tmp_path / "int8"
+    shutil.copytree(q4_k_m["int8"], package)
+    manifest = json.loads((package / "manifest.json").read_text())
+    name, entry = next(
+        (n, e)
+        for n, e in manifest["graphs"]["decoder"]["initializers"].items()
+        if n.endswith("_fc2q8b32c2s_b")
+    )
+    at = entry["offset"] + (3 if where == "main codes" else MOE_MODEL["moe_intermediate_size"] + 3)
+    with open(package / entry["file"], "r+b") as handle:
+        handle.seek(at)
+        value = handle.read(1)[0]
+        handle.seek(at)
+        handle.write(bytes([value ^ 0x04]))
+    assert main(["verify", str(package), "--source", str(q4_k_m["gguf"]), "--quiet"]) == 1, name
 
 
 def test_exact_fused_puts_all_q4_k_layers_on_qmoe(q4_k_m: dict[str, Any]) -> None:
