@@ -30,7 +30,7 @@ from mobius_lite.formats.ggml.qmoe_mins import (
     min_term_layout,
     min_term_plan,
 )
-from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, split_suffix
+from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, layout_decode, split_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from nemotron_reference import make_reference
@@ -73,7 +73,8 @@ def test_min_term_operands_stand_for_gguf_pys_values(type_up, type_down, plan) -
         ("fc2", type_down, (e, HIDDEN, inner)),
     ):
         rows = exact_weight(t, shape, rng)
-        weight = logical_weight(min_term_layout(t, slot, rows, plan), slot, plan, *shape[1:])
+        decoded = layout_decode(min_term_layout(t, slot, rows, plan))
+        weight = logical_weight(decoded, slot, plan, *shape[1:])
         assert weight is not None
         np.testing.assert_array_equal(weight, values_of(t, rows, shape).astype(np.float32))
 

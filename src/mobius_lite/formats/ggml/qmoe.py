@@ -17,7 +17,6 @@ fc2 must share one bit width and block size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -33,6 +32,7 @@ from mobius_lite.formats.ggml.qmoe_mins import (
     SUPER,
     MinTermPlan,
     ggml_bytes,
+    min_term_bytes,
     min_term_plan,
     operand_shapes,
 )
@@ -196,8 +196,7 @@ class MinTermExperts:
         return augment_input(op, x, self.plan, self.shape[-1])
 
     def _bytes(self) -> int:
-        sizes = {"b": 1, "scales": 4, "zero_points": 1}
-        return sum(math.prod(s) * sizes[p] for p, s in self._shapes(self.shape).items())
+        return min_term_bytes(self.type.name, self.kind, self.plan, self.shape)
 
     def layer_byte_cost(self, down: FusedExperts) -> float:
         assert isinstance(down, MinTermExperts)

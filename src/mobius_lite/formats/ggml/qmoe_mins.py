@@ -215,11 +215,9 @@ def fc2_codes(type_name: str, rows: np.ndarray, plan: MinTermPlan) -> BlockCodes
 def pack_zero_points(zero_points: np.ndarray, bits: int) -> np.ndarray:
     """uint8 [..., n_blocks] -> the kernels' packed form (4 bits: two per byte, low first; an
     odd count's last high nibble repeats the last value)."""
-    if bits == 8:
-        return zero_points
-    if zero_points.shape[-1] % 2:
+    if bits == 4 and zero_points.shape[-1] % 2:
         zero_points = np.concatenate([zero_points, zero_points[..., -1:]], axis=-1)
-    return zero_points[..., 0::2] | (zero_points[..., 1::2] << np.uint8(4))
+    return pack_codes(zero_points, bits)
 
 
 def min_term_layout(type_name: str, slot: str, rows: np.ndarray, plan: MinTermPlan) -> NBitsLayout:
@@ -270,31 +268,14 @@ def operand_shapes(
     return shapes
 
 
-def decode_operand(layout: NBitsLayout) -> np.ndarray:
-    """An operand [..., N', K'] by QMoE's definition (code - zero point) * scale, float32."""
-    b, bits, block = layout.b, layout.bits, layout.block_size
-    lead = layout.scales.shape  # [..., N', n_blocks]
-    codes = b if bits == 8 else np.stack([b & 0xF, b >> 4], axis=-1)
-    codes = codes.reshape(*lead, block).astype(np.float32)
-    if layout.zero_points is None:
-        zp = np.float32(1 << (bits - 1))
-    else:
-        z = layout.zero_points
-        if bits == 4:
-            z = np.stack([z & 0xF, z >> 4], axis=-1).reshape(*lead[:-1], -1)
-        zp = z[..., : lead[-1], None].astype(np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return ((codes - zp) * layout.scales[..., None]).reshape(*lead[:-1], -1)
-
-
 def logical_weight(
-    layout: NBitsLayout, slot: str, plan: MinTermPlan, n: int, k: int
+    decoded: np.ndarray, slot: str, plan: MinTermPlan, n: int, k: int
 ) -> np.ndarray | None:
-    """The expert weight [..., n, k] an operand computes with (its copies and sum columns
-    folded back), float32; None when its structure is not the plan's (repeated rows differ,
-    padding not zero). A zero's sign may differ from ggml's own dequantization (0 * -d, the
-    min added as -dmin*m): compare values, not bits."""
-    decoded = decode_operand(layout)
+    """The expert weight [..., n, k] an operand stands for, from the operand [..., N', K']
+    decoded by the kernel's definition (relayout_part.layout_decode): its row copies and sum
+    columns folded back, float32; None when its structure is not the plan's (repeated rows
+    differ, padding not zero). A zero's sign may differ from ggml's own dequantization (0 * -d,
+    the min added as -dmin*m): compare values, not bits."""
     with np.errstate(over="ignore", invalid="ignore"):
         if slot == "fc1":
             rows = decoded.reshape(*decoded.shape[:-2], plan.copies * n, 2, -1)

@@ -224,7 +224,7 @@ class MinTermRelayoutPart:
         experts, layout = self._layout(raw)
         expected = np.asarray(dequantize(np.array(experts), _gguf_type(self.type.type_id)))
         expected = expected.astype(np.float32)
-        weight = logical_weight(layout, slot, plan, self.rows, expected.shape[-1])
+        weight = logical_weight(layout_decode(layout), slot, plan, self.rows, expected.shape[-1])
         if weight is None or not np.array_equal(weight, expected, equal_nan=True):
             return b"layout does not decode to gguf-py's values"
         return self._bytes(layout)
