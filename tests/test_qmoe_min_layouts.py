@@ -257,3 +257,17 @@ def test_exact_fused_puts_all_q4_k_layers_on_qmoe(q4_k_m: dict[str, Any]) -> Non
         for ours, reference in zip(fused_steps, steps, strict=True):
             result = compare("logits", ours, reference)
             assert result.passes(FP32_NRMSE, FP32_COSINE), result
+
+
+def test_onnxruntime_genai_runs_the_q4_k_m_int8_package(q4_k_m: dict[str, Any]) -> None:
+    """onnxruntime-genai runs the min-term QMoE package: its greedy tokens are
+    DecoderSession's."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    import importlib.util
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "generate_with_genai.py"
+    spec = importlib.util.spec_from_file_location("generate_with_genai", example)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokens, _ = _greedy(q4_k_m["int8"], PROMPTS[0])
+    assert module.generate(q4_k_m["int8"], PROMPTS[0], len(tokens)) == tokens
