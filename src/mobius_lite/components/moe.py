@@ -81,11 +81,6 @@ class TopkRouter(nn.Module):
         return indices, weights
 
 
-def _layout(operand: FusedExperts) -> tuple[int, int]:
-    """A QMoE operand's (bit width, block size): one layer's fc1 and fc2 must share them."""
-    return operand.bits, operand.block_size
-
-
 class Experts(WeightedModule):
     """Stacked ReLU^2 experts, run for the selected experts only (any E, same nodes)."""
 
@@ -115,26 +110,30 @@ class Experts(WeightedModule):
     def formats_applied(self) -> None:
         """QMoE takes both projections or neither, with one bit width and one block size
         (onnxruntime 1.32's CPU kernel: "Mixed-width QMoE execution is not yet implemented
-        on CPU"): else back to the slots' exact formats, said once."""
+        on CPU"); the fc1 operand pairs the two (formats/weight.py `paired_with`), else both
+        go back to the slots' exact formats, said once."""
         if not self._operands:
             return
         up, down = (self._operands.get(a) for a in EXPERT_SLOTS)
-        if up is not None and down is not None and _layout(up) == _layout(down):
+        paired = up.paired_with(down) if up is not None and down is not None else None
+        if paired is not None and not isinstance(paired, str):
+            for attr, operand in zip(EXPERT_SLOTS, paired, strict=True):
+                if operand is not self._operands[attr]:
+                    self.set_weight_format(attr, operand)
+                self._operands[attr] = operand
+            up, down = paired
             cost = up.layer_byte_cost(down)
             self.ctx.notice(
-                f"{self._mode}: experts ({up.stored_type} / {down.stored_type}) on QMoE, fc1 "
-                f"stores every up row twice (the SwiGLU form of ReLU^2): {cost:.2f}x the "
-                "GGUF experts' bytes"
+                f"{self._mode}: experts ({up.stored_type} / {down.stored_type}) on QMoE, "
+                f"{up.layer_layout(down)}: {cost:.2f}x the GGUF experts' bytes"
             )
             return
         names = " / ".join(self.weight_format_of(a).name for a in EXPERT_SLOTS)
         for attr, operand in self._operands.items():
             self.set_weight_format(attr, operand.exact)
         self._operands.clear()
-        self.ctx.notice(
-            f"{self._mode}: experts {names} do not both fit one QMoE layout (one bit width and "
-            "block size); kept on the exact experts route"
-        )
+        reason = paired if isinstance(paired, str) else "do not both fit one QMoE layout"
+        self.ctx.notice(f"{self._mode}: experts {names} {reason}; kept on the exact experts route")
 
     @property
     def _int8(self) -> bool:

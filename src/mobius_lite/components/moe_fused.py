@@ -92,13 +92,15 @@ def quantized_fused_experts(
     fc2: tuple[FusedExperts, dict[str, ir.Value]],
     accuracy_level: int,
 ) -> ir.Value:
-    """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc)."""
+    """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc); the
+    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums: qmoe_mins.py)."""
     (up, up_params), (down, down_params) = fc1, fc2
     e = spec.n_routed_experts
     zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
-    return emit_qmoe(
+    kernel_x = up.kernel_input(op, x)
+    out = emit_qmoe(
         op,
-        x,
+        kernel_x,
         _scatter_rows(op, float("-inf"), e, indices, zeros),
         _scatter_rows(op, 0.0, e, indices, weights),
         up.operands(up_params),
@@ -110,3 +112,8 @@ def quantized_fused_experts(
         accuracy_level=accuracy_level,
         activation=RELU2_AS_SWIGLU,
     )
+    if kernel_x is x:
+        return out
+    # The kernel's output is as wide as its input: the appended columns' rows are zero.
+    start, axis = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
+    return typed(op.Slice(out, start, op.Shape(x, start=-1), axis), FLOAT, None)

@@ -89,6 +89,20 @@ class FusedExperts(WeightFormat, Protocol):
         """This fc1 and `down` (fc2) together: package bytes over the stored experts' bytes."""
         ...
 
+    def layer_layout(self, down: FusedExperts) -> str:
+        """What this fc1 and `down` store beyond their codes (for the build's cost line)."""
+        ...
+
+    def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        """The fused kernel's input for expert input x [rows, width] (as fc1): x, or x with
+        columns a layout needs appended (the kernel's output is then sliced back to width)."""
+        ...
+
+    def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
+        """The layer's (fc1, fc2) operands for this fc1 and `down` (one kernel takes both, with
+        one bit width and block size), or why the two cannot share one kernel (a sentence)."""
+        ...
+
 
 # (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
 WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]

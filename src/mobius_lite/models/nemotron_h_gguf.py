@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import CheckpointError
-from mobius_lite.formats.ggml.relayout_part import ExactRelayoutPart, split_suffix
+from mobius_lite.formats.ggml.relayout_part import exact_relayout, split_suffix
 from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.storage import Conversion
@@ -353,7 +353,7 @@ def relayout_part(part: str, kind: str | None = None) -> Layout:
             )
         if kind is not None:  # an exact code layout's part (formats/ggml/relayout_part.py)
             row_bytes = info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64))
-            return ExactRelayoutPart(info.storage.type, kind, part, row_bytes)
+            return exact_relayout(info.storage.type, kind, part, row_bytes, tuple(info.shape))
         return RelayoutPart(info.storage.type, part)
 
     return layout

@@ -2,15 +2,17 @@
 
 QMoE computes every selected expert as fc2(act(fc1(x))) over block-wise 4- or 8-bit codes:
 (code - zero_point) * scale per block along K, uint8 zero points, float32 scales. The exact
-code layouts (exact_codes.py) without a min term fit it: Q4_0 (4 bits), Q8_0, Q6_K and
-IQ2_XXS (8 bits). Q4_K has none: its min is not a zero point and QMoE has no place for the
-[K / 32] correction of an expert's input. The up projection is fc1 in SwiGLU's fused,
-interleaved form, every row given twice (1.5x the experts' bytes; components/moe_fused.py
-says why ReLU^2 comes out exactly).
+code layouts (exact_codes.py) without a min term fit it as they are: Q4_0 (4 bits), Q8_0,
+Q6_K and IQ2_XXS (8 bits). The up projection is fc1 in SwiGLU's fused, interleaved form,
+every row given twice (1.5x the experts' bytes; components/moe_fused.py says why ReLU^2 comes
+out exactly). A layer with Q4_K experts takes the min-term layouts of qmoe_mins.py instead
+(`MinTermExperts`: the input's block sums appended for Q4_K up, the intermediate doubled or
+tripled for Q4_K down), chosen for both slots together (`QMoEExperts.paired_with`).
 
 Kernel facts (onnxruntime 1.32 CPU, its schema and tests/test_cpu_fast_routes.py): 4-bit
 experts keep float32 activations at accuracy 0 and 1, int8 at 4; 8-bit experts have no float32
-kernel and use int8 activations at every level, so they belong to the int8 route only.
+kernel and use int8 activations at every level, so they belong to the int8 route only; fc1 and
+fc2 must share one bit width and block size.
 """
 
 from __future__ import annotations
@@ -23,10 +25,23 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.formats.contrib import contrib_op, typed
 from mobius_lite.formats.ggml.exact_codes import code_form
 from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element, layout_parts
+from mobius_lite.formats.ggml.qmoe_mins import (
+    MIN_TYPE,
+    SUB,
+    SUMS_PER_SUPER,
+    SUPER,
+    MinTermPlan,
+    ggml_bytes,
+    min_term_bytes,
+    min_term_plan,
+    operand_shapes,
+)
 from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.ggml.weight import GGMLWeight, exact_layout_parameters
 from mobius_lite.formats.weight import FusedExperts, WeightFormat
+
+UINT8 = ir.DataType.UINT8
 
 
 def qmoe_refusal(type_name: str, int8: bool) -> str | None:
@@ -34,8 +49,6 @@ def qmoe_refusal(type_name: str, int8: bool) -> str | None:
     form = code_form(type_name)
     if form is None:
         return f"ggml {type_name} experts have no exact QMoE layout"
-    if form.has_mins:
-        return f"ggml {type_name} experts have a min term QMoE cannot hold"
     if form.bits == 8 and not int8:
         return f"ggml {type_name} experts are 8-bit: QMoE computes them with int8 activations only"
     return None
@@ -62,6 +75,7 @@ class QMoEExperts:
     shape: tuple[int, ...]
     kind: str  # FC1_KIND or FC2_KIND
     exact: GGMLWeight  # the slot's exact format, if the layer falls back to it
+    int8: bool = False  # int8 activations allowed (the int8 route)
 
     @property
     def name(self) -> str:
@@ -87,6 +101,27 @@ class QMoEExperts:
         """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes."""
         return experts_byte_cost(self.type.name, down.stored_type)
 
+    def layer_layout(self, down: FusedExperts) -> str:
+        return "fc1 stores every up row twice (the SwiGLU form of ReLU^2)"
+
+    def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        return x
+
+    def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
+        """This fc1 with `down` as fc2 of one QMoE node: as they are, or both on the min-term
+        layouts when either is Q4_K; else why not (one bit width and block size)."""
+        types = (self.type.name, down.stored_type)
+        if MIN_TYPE in types and isinstance(down, QMoEExperts):
+            plan = min_term_plan(*types, self.int8)
+            if isinstance(plan, str):
+                return plan
+            up = MinTermExperts(self.type, self.dtype, self.shape, self.kind, plan, self.exact)
+            fc2 = MinTermExperts(down.type, down.dtype, down.shape, down.kind, plan, down.exact)
+            return up, fc2
+        if MIN_TYPE not in types and (self.bits, self.block_size) == (down.bits, down.block_size):
+            return self, down
+        return "do not both fit one QMoE layout (one bit width and block size)"
+
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return exact_layout_parameters(self.type.name, self.kind, shape)
 
@@ -106,6 +141,103 @@ class QMoEExperts:
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
+
+
+@dataclass(frozen=True)
+class MinTermExperts:
+    """One stacked expert slot of a layer with Q4_K experts, on the layer's min-term `plan`
+    (qmoe_mins.py): fc1 (up: rows twice, tiled per intermediate copy, sum columns for Q4_K)
+    or fc2 (down: [A2 | -B2] for Q4_K, zero rows for fc1's sum columns)."""
+
+    type: GGMLType
+    dtype: ir.DataType
+    shape: tuple[int, ...]
+    kind: str  # FC1_KIND or FC2_KIND
+    plan: MinTermPlan
+    exact: GGMLWeight
+
+    @property
+    def name(self) -> str:
+        p = self.plan
+        return f"ggml {self.type.name} (QMoE {self.kind}, {p.bits}-bit, block {p.block}, min term)"
+
+    @property
+    def bits(self) -> int:
+        return self.plan.bits
+
+    @property
+    def block_size(self) -> int:
+        return self.plan.block
+
+    @property
+    def stored_type(self) -> str:
+        return self.type.name
+
+    def _shapes(self, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        return operand_shapes(self.type.name, self.kind, self.plan, shape)
+
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        kind = self.plan.kind(self.kind)
+        types = {"b": UINT8, "scales": ir.DataType.FLOAT, "zero_points": UINT8}
+        return {
+            part_suffix(kind, p): nn.Parameter(list(s), dtype=types[p])
+            for p, s in self._shapes(shape).items()
+        }
+
+    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        kind = self.plan.kind(self.kind)
+        zero_points = params.get(part_suffix(kind, "zero_points"))
+        return params[part_suffix(kind, "b")], params[part_suffix(kind, "scales")], zero_points
+
+    def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        """fc1's input: x, with its block sums appended when up is Q4_K."""
+        if self.kind != FC1_KIND or not self.plan.augmented:
+            return x
+        return augment_input(op, x, self.plan, self.shape[-1])
+
+    def _bytes(self) -> int:
+        return min_term_bytes(self.type.name, self.kind, self.plan, self.shape)
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
+        assert isinstance(down, MinTermExperts)
+        stored = ggml_bytes(self.type.name, self.shape) + ggml_bytes(down.type.name, down.shape)
+        return (self._bytes() + down._bytes()) / stored
+
+    def layer_layout(self, down: FusedExperts) -> str:
+        p = self.plan
+        said = [f"{p.bits}-bit, block {p.block}", "fc1 stores every up row twice (the SwiGLU form)"]
+        if p.augmented:
+            said.append(f"Q4_K up's mins as {p.extra_columns(self.shape[-1])} block-sum columns")
+        if p.copies > 1:
+            said.append(f"Q4_K down's mins as {p.copies} copies of the intermediate")
+        return "; ".join(said)
+
+    def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
+        return self, down
+
+    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name}: stacked experts, not a linear layer"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
+
+
+def augment_input(op: OpBuilder, x: ir.Value, plan: MinTermPlan, hidden: int) -> ir.Value:
+    """x [rows, hidden] -> [x, S (, S)]: S the 32-block sums of x, each super-block's 8 padded
+    to one kernel block with zeros (qmoe_mins.py, fc1's sum columns), once per min part."""
+    supers = hidden // SUPER
+    per_sub = op.Reshape(x, op.Constant(value_ints=[-1, supers, SUMS_PER_SUPER, SUB]))
+    sums = op.ReduceSum(per_sub, op.Constant(value_ints=[-1]), keepdims=0)  # [rows, K/256, 8]
+    padded = op.Pad(sums, op.Constant(value_ints=[0, 0, 0, 0, 0, plan.block - SUMS_PER_SUPER]))
+    flat = op.Reshape(padded, op.Constant(value_ints=[-1, supers * plan.block]))
+    out = op.Concat(x, *([flat] * plan.min_parts), axis=-1)
+    return typed(out, ir.DataType.FLOAT, None)
 
 
 def emit_qmoe(
@@ -146,4 +278,13 @@ def emit_qmoe(
     return typed(out, ir.DataType.FLOAT, None)
 
 
-__all__ = ["FC1_KIND", "FC2_KIND", "QMoEExperts", "emit_qmoe", "experts_byte_cost", "qmoe_refusal"]
+__all__ = [
+    "FC1_KIND",
+    "FC2_KIND",
+    "MinTermExperts",
+    "QMoEExperts",
+    "augment_input",
+    "emit_qmoe",
+    "experts_byte_cost",
+    "qmoe_refusal",
+]

@@ -10,6 +10,7 @@ recomputes a part by decoding the whole layout with the kernels' definition
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -19,6 +20,12 @@ import numpy as np
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.ggml.exact_codes import CODE_FORMS
 from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, layout_parts, to_nbits_layout
+from mobius_lite.formats.ggml.qmoe_mins import (
+    logical_weight,
+    min_term_layout,
+    operand_shapes,
+    parse_kind,
+)
 from mobius_lite.formats.ggml.types import GGMLType
 from mobius_lite.formats.storage import Bytes
 
@@ -38,12 +45,28 @@ EXACT_SUFFIXES: dict[str, tuple[str, str]] = {
 }
 
 
+# "<slot>_<min-term kind>_<part>" (qmoe_mins.py: the QMoE layouts of layers with Q4_K experts)
+MIN_TERM_SUFFIX = re.compile(r"_(fc[12]q\d+b\d+c\d[sn])_(b|scales|zero_points)$")
+
+
 def split_suffix(target: str) -> tuple[str, str, str] | None:
     """(slot name, kind, part) of an exact-layout parameter name, None for others."""
     for suffix, (kind, part) in EXACT_SUFFIXES.items():
         if target.endswith(suffix):
             return target.removesuffix(suffix), kind, part
+    match = MIN_TERM_SUFFIX.search(target)
+    if match is not None and parse_kind(match.group(1)) is not None:
+        return target[: match.start()], match.group(1), match.group(2)
     return None
+
+
+def exact_relayout(
+    type: GGMLType, kind: str, part: str, row_bytes: int, shape: tuple[int, ...]
+) -> ExactRelayoutPart | MinTermRelayoutPart:
+    """The Conversion for one part of kind `kind` of a ggml tensor of logical shape `shape`."""
+    if parse_kind(kind) is not None:
+        return MinTermRelayoutPart(type, kind, part, row_bytes, int(shape[-2]))
+    return ExactRelayoutPart(type, kind, part, row_bytes)
 
 
 def layout_decode(layout: NBitsLayout) -> np.ndarray:
@@ -143,3 +166,71 @@ class ExactRelayoutPart:
         if self.part == "mins":
             return (*lead, n, k // 32)
         return (*lead, n, k_blocks)
+
+
+@dataclass(frozen=True)
+class MinTermRelayoutPart:
+    """Part `part` of a min-term QMoE operand (qmoe_mins.py; `kind` names the slot and the
+    layer's plan) of a ggml expert tensor; the unit is one expert (`rows` rows), since the
+    operand tiles and pads whole experts. `verify` folds the decoded operand back to the
+    expert weight (logical_weight) and requires gguf-py's values exactly (value for value: a
+    zero may carry the other sign, which no sum the kernel computes can see)."""
+
+    type: GGMLType
+    kind: str
+    part: str
+    row_bytes: int
+    rows: int
+
+    def __post_init__(self) -> None:
+        parsed = parse_kind(self.kind)
+        if parsed is None or self.type.name not in CODE_FORMS:
+            raise RouteError(f"no min-term QMoE layout {self.kind} for ggml {self.type.name}")
+
+    @property
+    def name(self) -> str:
+        return f"relayout-{self.kind}"
+
+    @property
+    def verbatim(self) -> bool:
+        return False
+
+    @property
+    def unit_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def _plan(self):
+        parsed = parse_kind(self.kind)
+        assert parsed is not None
+        return parsed
+
+    def _layout(self, raw: Bytes) -> tuple[np.ndarray, NBitsLayout]:
+        slot, plan = self._plan()
+        experts = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.rows, self.row_bytes)
+        return experts, min_term_layout(self.type.name, slot, experts, plan)
+
+    def _bytes(self, layout: NBitsLayout) -> bytes:
+        return np.ascontiguousarray(layout.arrays()[self.part]).tobytes()
+
+    def convert(self, raw: Bytes) -> Bytes:
+        return memoryview(self._bytes(self._layout(raw)[1]))
+
+    def recompute(self, raw: Bytes) -> bytes:
+        """The part, once the operand is shown to stand for gguf-py's dequantized experts bit
+        for bit; an operand that does not is a mismatch."""
+        from gguf.quants import dequantize
+
+        slot, plan = self._plan()
+        experts, layout = self._layout(raw)
+        expected = np.asarray(dequantize(np.array(experts), _gguf_type(self.type.type_id)))
+        expected = expected.astype(np.float32)
+        weight = logical_weight(layout_decode(layout), slot, plan, self.rows, expected.shape[-1])
+        if weight is None or not np.array_equal(weight, expected, equal_nan=True):
+            return b"layout does not decode to gguf-py's values"
+        return self._bytes(layout)
+
+    def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        slot, plan = self._plan()
+        *lead, n, row_bytes = stored
+        k = row_bytes // self.type.block_bytes * self.type.block_elements
+        return operand_shapes(self.type.name, slot, plan, (*lead, n, k))[self.part]

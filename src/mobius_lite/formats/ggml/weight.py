@@ -107,7 +107,7 @@ class GGMLWeight:
             return refusal
         if len(self.shape) != 3 or self.dtype != ir.DataType.FLOAT:
             return f"ggml {self.type.name} experts: QMoE needs stacked f32-activation experts"
-        return QMoEExperts(self.type, self.dtype, self.shape, kind, self)
+        return QMoEExperts(self.type, self.dtype, self.shape, kind, self, int8)
 
     @property
     def name(self) -> str:
