@@ -107,7 +107,7 @@ def _exact_layout(type_name: str, n: int, k: int, seed: int) -> tuple[Any, np.nd
     if seed == 0:
         values = dequantize(rows, GGMLQuantizationType[type_name]).reshape(n, k)
         values = values.astype(np.float32)
-    return to_nbits_layout(type_name, rows), values
+    return to_nbits_layout(type_name, rows, center_mins=True), values
 
 
 def _session(
@@ -177,7 +177,8 @@ def _matvec_weight(name: str, copy: int, weight: np.ndarray, shapes: Shapes) -> 
 
 def _exact_matvec(type_name: str, copy: int, shapes: Shapes, accuracy: int) -> tuple:
     """MatMulNBits over an exact layout (uint8 zero points where not the default; Q4_K's
-    min term as ReduceSum of x per 32-block @ mins^T, subtracted), as the package emits it."""
+    per-block zero points and residual min term as ReduceSum of x per 32-block @ mins^T,
+    subtracted), as the package emits it."""
     from onnx import helper, numpy_helper
 
     layout, values = _exact_layout(type_name, shapes.n, shapes.k, seed=copy)

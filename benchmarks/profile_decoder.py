@@ -171,8 +171,9 @@ def last_calls(events: list[dict[str, Any]], calls: int) -> list[dict[str, Any]]
 def layer_of(item: dict[str, Any], pattern: str, declared: set[str]) -> tuple[str, str]:
     """(layer label, layer kind) from the node's own scope or its nearest scoped ancestor.
 
-    Nodes onnxruntime created by inlining a function op at the top level carry no scope; the
-    only function ops in this decoder are Mamba's CausalConvWithState and LinearAttention."""
+    Nodes onnxruntime created by inlining a function op at the top level carry no scope: on
+    the standard backend Mamba's opset-27 CausalConvWithState and LinearAttention, and (before
+    the ort backend's grouped attention, components/attention.py) the opset-27 Attention."""
     node: dict[str, Any] | None = item
     while node is not None:
         match = LAYER.search(node["node"])
@@ -182,7 +183,7 @@ def layer_of(item: dict[str, Any], pattern: str, declared: set[str]) -> tuple[st
         node = node["parent"]
     if item["node"] in declared:
         return "top (embedding, norm_f, lm_head)", "top (embedding, norm_f, lm_head)"
-    return "unscoped (inlined Mamba conv / SSD)", "mamba (inlined, unscoped)"
+    return "unscoped (inlined function bodies)", "unscoped (inlined function bodies)"
 
 
 def breakdown(

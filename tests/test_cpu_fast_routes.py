@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from formats.emit_harness import run_emitter
+from formats.q4_k_blocks import q4_k_quantize
 from gguf_fixtures import random_blocks, write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
@@ -35,7 +36,8 @@ from mobius_lite.evaluation.metrics import (
     compare,
     int8_activation_gate,
 )
-from mobius_lite.formats.ggml.nbits_layout import to_nbits_layout
+from mobius_lite.formats.ggml.exact_codes import exact_codes
+from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, to_nbits_layout
 from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
 from mobius_lite.formats.ggml.qmoe import QMoEExperts
 from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
@@ -82,6 +84,15 @@ def quantize_q8_k(x: np.ndarray) -> np.ndarray:
     q = np.minimum(np.rint(iscale * blocks), np.float32(127))
     d = np.where(peak == 0, np.float32(0), np.float32(1) / iscale)
     return (q * d).reshape(x.shape)
+
+
+def quantize_int8_blocks(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """MatMulNBits' accuracy-4 activations as its definition has them: per `block` values of
+    x, s = amax / 127, q = round(x / s); the value is s * q (checked against the kernel below)."""
+    blocks = x.astype(np.float32).reshape(*x.shape[:-1], -1, block)
+    s = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
+    q = np.rint(np.where(s > 0, blocks / np.where(s > 0, s, 1), 0))
+    return (q * s).reshape(x.shape)
 
 
 def llamacpp_activations(type_name: str, x: np.ndarray) -> np.ndarray:
@@ -229,9 +240,19 @@ def test_matmulnbits_int8_error_is_at_most_llamacpps(type_name: str) -> None:
     rng = np.random.default_rng(3)
     n, k, m = 64, 1024, 16
     rows = exact_weight(type_name, (n, k), rng)
-    layout = to_nbits_layout(type_name, rows)
+    layout = to_nbits_layout(type_name, rows, center_mins=True)  # the package's layout
     w = values_of(type_name, rows, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
+    y = _int8_matmulnbits(layout, x, n, k)
+    exact = x.astype(np.float64) @ w.T
+    llamacpp = llamacpp_activations(type_name, x).astype(np.float64) @ w.T
+    ours, theirs = compare("package", y, exact), compare("llama.cpp", llamacpp, exact)
+    assert int8_activation_gate(ours, theirs), (ours, theirs)
+    assert ours.nrmse > 1e-5
+
+
+def _int8_matmulnbits(layout: NBitsLayout, x: np.ndarray, n: int, k: int) -> np.ndarray:
+    """onnxruntime's MatMulNBits at accuracy 4 (with the min term where there is one)."""
     names = list(layout.arrays())
 
     def emit(op, xv, *parts):
@@ -241,12 +262,41 @@ def test_matmulnbits_int8_error_is_at_most_llamacpps(type_name: str) -> None:
         )
 
     inputs = [x, *layout.arrays().values()]
-    (y,) = run_emitter(emit, inputs, opset_imports=CONTRIB, constant_from=1)
+    return run_emitter(emit, inputs, opset_imports=CONTRIB, constant_from=1)[0]
+
+
+@pytest.mark.parametrize(("n", "k", "m"), [(64, 1024, 16), (96, 2048, 4), (32, 512, 8)])
+def test_q4_k_centered_zero_points_have_llamacpps_int8_error(n: int, k: int, m: int) -> None:
+    """A quantized Gaussian's Q4_K on the int8 route: with per-block zero points round(b / a)
+    the error is at most llama.cpp's (Q8_K activations, min term from them too); the
+    uncentered form (zero point 0, the whole min b on float x) errs more on the same data,
+    by numpy math: x~ @ (a q)^T - sum_block(x) @ b^T, x~ the kernel's int8 blocks."""
+    rng = np.random.default_rng(n + k + m)
+    rows = q4_k_quantize(rng.standard_normal((n, k)).astype(np.float32))
+    w = values_of("Q4_K", rows, (n, k))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    layout = to_nbits_layout("Q4_K", rows, center_mins=True)
+    y = _int8_matmulnbits(layout, x, n, k)
     exact = x.astype(np.float64) @ w.T
-    llamacpp = llamacpp_activations(type_name, x).astype(np.float64) @ w.T
+    llamacpp = llamacpp_activations("Q4_K", x).astype(np.float64) @ w.T
     ours, theirs = compare("package", y, exact), compare("llama.cpp", llamacpp, exact)
     assert int8_activation_gate(ours, theirs), (ours, theirs)
-    assert ours.nrmse > 1e-5
+
+    code = exact_codes("Q4_K", rows)
+    a, b = code.scales.astype(np.float64), code.mins.astype(np.float64)
+    q = code.codes.astype(np.float64)  # [n, k / 32, 32]
+    x_int8 = quantize_int8_blocks(x).astype(np.float64).reshape(m, -1, 32)
+    block_sums = x.astype(np.float64).reshape(m, -1, 32).sum(axis=-1)
+    uncentered = np.einsum("mjl,njl->mn", x_int8, a[..., None] * q) - block_sums @ b.T
+    z = np.rint(b / a)  # every block of a quantized Gaussian centers (the relayout test)
+    centered = np.einsum("mjl,njl->mn", x_int8, a[..., None] * (q - z[..., None]))
+    centered -= block_sums @ (b - a * z).T
+    # the emulation is the kernel: same activations, same products
+    emulation = compare("kernel vs emulation", y, centered)
+    assert emulation.passes(FP32_NRMSE, FP32_COSINE), emulation
+    old = compare("uncentered", uncentered, exact)
+    assert ours.nrmse < old.nrmse and ours.nrmse > 1e-5, (ours, old)
+    assert not int8_activation_gate(old, theirs)  # the uncentered form fails the gate here
 
 
 # ----------------------------------------------------------------------------- whole model

@@ -14,6 +14,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from gguf_fixtures import random_blocks
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from mobius_lite.formats.ggml.exact_codes import exact_codes
 from mobius_lite.formats.ggml.nbits_layout import (
     NBitsLayout,
     layout_cost,
@@ -24,6 +26,7 @@ from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
 
 from .emit_harness import run_emitter
 from .ggml_data import random_rows
+from .q4_k_blocks import q4_k_quantize
 
 TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS")
 CONTRIB = {"com.microsoft": 1}
@@ -49,6 +52,14 @@ def gguf_values(type_name: str, rows: np.ndarray, n: int) -> np.ndarray:
     return np.asarray(dequantize(rows, QTYPE[type_name]), dtype=np.float32).reshape(n, -1)
 
 
+def unpacked_zero_points(layout: NBitsLayout, n: int, k_blocks: int) -> np.ndarray:
+    """uint8 zero points [N, k_blocks] from the packed form (4 bits: low nibble first)."""
+    if layout.bits == 8:
+        return layout.zero_points
+    z = np.stack([layout.zero_points & 0xF, layout.zero_points >> 4], -1).reshape(n, -1)
+    return z[:, :k_blocks]
+
+
 def schema_dequant(layout: NBitsLayout, n: int, k: int) -> np.ndarray:
     """dequant(B) [N, K] by the MatMulNBits definition, float32: (code - zp) * scale per
     block, minus the layout's min where it has one."""
@@ -60,11 +71,8 @@ def schema_dequant(layout: NBitsLayout, n: int, k: int) -> np.ndarray:
     k_blocks = k // bs
     if layout.zero_points is None:
         zp = np.full((n, k_blocks), 1 << (layout.bits - 1), dtype=np.float32)
-    elif layout.bits == 8:
-        zp = layout.zero_points.astype(np.float32)
     else:
-        zp = np.stack([layout.zero_points & 0xF, layout.zero_points >> 4], -1).reshape(n, -1)
-        zp = zp[:, :k_blocks].astype(np.float32)
+        zp = unpacked_zero_points(layout, n, k_blocks).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         value = (codes.astype(np.float32).reshape(n, k_blocks, bs) - zp[..., None]) * (
             layout.scales.reshape(n, k_blocks, 1)
@@ -87,6 +95,36 @@ def test_relayout_decodes_to_gguf_values_bit_for_bit(type_name: str) -> None:
     if layout.zero_points is not None:
         assert layout.zero_points.dtype == np.uint8
     assert sorted(layout.arrays()) == sorted(layout_parts(type_name))
+
+
+def test_centered_q4_k_decodes_to_gguf_values_bit_for_bit() -> None:
+    """Per-block zero points z = round(b / a) with the residual min b - a z: every value is
+    gguf-py's float32, on random blocks (special fp16 scales: blocks whose residual is not
+    exact keep z = 0) and on a quantized Gaussian (mins near the code range's middle)."""
+    n, k = 64, 512
+    rng = np.random.default_rng(7)
+    special = random_rows(rng, "Q4_K", (n,), k // 256)
+    realistic = q4_k_quantize(rng.standard_normal((n, k)).astype(np.float32))
+    layouts = {}
+    for name, rows in (("special", special), ("realistic", realistic)):
+        layout = layouts[name] = to_nbits_layout("Q4_K", rows, center_mins=True)
+        expected = gguf_values("Q4_K", rows, n)
+        got = schema_dequant(layout, n, k)
+        assert got.view(np.uint32).tolist() == expected.view(np.uint32).tolist()
+        assert sorted(layout.arrays()) == sorted(layout_parts("Q4_K"))
+    code = exact_codes("Q4_K", special)
+    z = unpacked_zero_points(layouts["special"], n, k // 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = code.mins.astype(np.float64) / code.scales
+    assert np.any((z == 0) & np.isfinite(ratio) & (ratio >= 1))  # fallbacks were exercised
+    assert np.any(z > 0)
+    assert np.array_equal(layouts["special"].mins[z == 0], code.mins[z == 0])
+    # the quantized Gaussian: every block centered at round(b / a), the residual within half
+    # a step
+    code = exact_codes("Q4_K", realistic)
+    z = unpacked_zero_points(layouts["realistic"], n, k // 32)
+    assert np.array_equal(z, np.rint(code.mins.astype(np.float64) / code.scales))
+    assert np.all(np.abs(layouts["realistic"].mins) <= code.scales / 2)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "IQ2_XXS"])
@@ -113,11 +151,19 @@ def test_no_exact_layout_is_one_clear_error() -> None:
         to_nbits_layout("Q5_K", rows)
 
 
-@pytest.mark.parametrize("type_name", TYPES)
-def test_matmulnbits_accuracy0_matches_float64(type_name: str) -> None:
+@pytest.mark.parametrize(
+    ("type_name", "data"), [*((t, "random") for t in TYPES), ("Q4_K", "quantized")]
+)
+def test_matmulnbits_accuracy0_matches_float64(type_name: str, data: str) -> None:
+    """Q4_K with its centered zero points (the package's MatMulNBits layout), on random
+    blocks and on a quantized Gaussian."""
     n, k, m = 24, 512, 3
-    rows = ggml_rows(type_name, n, k, seed=3, finite_scales=True)
-    layout = to_nbits_layout(type_name, rows)
+    if data == "quantized":
+        rng = np.random.default_rng(8)
+        rows = q4_k_quantize(rng.standard_normal((n, k)).astype(np.float32))
+    else:
+        rows = ggml_rows(type_name, n, k, seed=3, finite_scales=True)
+    layout = to_nbits_layout(type_name, rows, center_mins=True)
     w = gguf_values(type_name, rows, n).astype(np.float64)
     x = np.random.default_rng(4).standard_normal((m, k)).astype(np.float32)
     names = list(layout.arrays())
@@ -133,6 +179,8 @@ def test_matmulnbits_accuracy0_matches_float64(type_name: str) -> None:
     expected = x.astype(np.float64) @ w.T
     scale = np.abs(x.astype(np.float64)) @ np.abs(w).T
     assert np.all(np.abs(y - expected) <= REL_TOL * scale)
+    result = compare("matmulnbits", y, expected)
+    assert result.passes(FP32_NRMSE, FP32_COSINE), result
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
@@ -140,7 +188,7 @@ def test_matmulnbits_with_bias_matches_float64(type_name: str) -> None:
     """A bias rides on MatMulNBits, or (with Q4_K's min term) on the correction Gemm."""
     n, k, m = 16, 256, 2
     rows = ggml_rows(type_name, n, k, seed=5, finite_scales=True)
-    layout = to_nbits_layout(type_name, rows)
+    layout = to_nbits_layout(type_name, rows, center_mins=True)
     w = gguf_values(type_name, rows, n).astype(np.float64)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((m, k)).astype(np.float32)

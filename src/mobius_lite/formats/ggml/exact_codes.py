@@ -13,7 +13,11 @@ without changing one decoded value (every product below is exact in float32, so
 | IQ2_XXS | 8    | 32    | 128 + g       | 128        | d * (0.5+ls) / 4  | -         |
 
 Q4_K's value is d*sc*q - dmin*m: the min is not a zero point (a block with sc = 0 still has
-one), so it stays a separate per-block term that the graph subtracts (weight.py). IQ2_XXS's g
+one), so it stays a separate per-block term that the graph subtracts (nbits_matmul.py). The
+MatMulNBits layout of linear layers moves most of it into a per-block zero point z =
+round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (nbits_layout.py,
+center_mins): the same float32 values, at the same bytes (Q4_K's zero points are stored
+anyway), and int8 activations then err as llama.cpp's do. IQ2_XXS's g
 is a grid value (8, 25 or 43) with its sign. Other types have no exact form here: their
 values are not one integer code times one scale per power-of-two block (Q5_K, Q3_K, IQ3,
 IQ4: codebooks or two-level scales whose product is not a block scale).

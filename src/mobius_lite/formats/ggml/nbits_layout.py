@@ -7,6 +7,13 @@ activations' type [N, K / block], and uint8 zero points [N, ceil(K / block * bit
 the schema default 2^(bits - 1); both fast kernels need them uint8 (a float zero point
 takes a dequantize-per-call path). Q4_K's mins are the extra [N, K / 32] float32 term.
 
+`center_mins` (Q4_K) moves each block's min into an integer zero point: z = clip(round(b / a),
+0, 2^bits - 1) per block, the min term keeping only the residual r = b - a * z, so value =
+a * (code - z) - r. Where the kernel quantizes x to int8 per block (accuracy 4) its error is
+then sum a * (code - z) * (x~ - x), over a centered weight as llama.cpp's Q4_K x Q8_K dot
+has, instead of sum a * code * (x~ - x) over codes spanning [0, 15 a]. A block keeps z = 0
+(r = b) unless every code's a * (code - z) - r is ggml's float32 value bit for bit.
+
 `block_size` may be smaller than the type's own block (a power of two dividing it): each
 scale then repeats over its sub-blocks, still exact. `repeat` gives every row (N axis)
 `repeat` times in a row, as the SwiGLU form of the fused experts wants for fc1
@@ -85,10 +92,43 @@ def packed_zero_points(lead: tuple[int, ...], n_blocks: int, value: int, bits: i
     return np.full((*lead, (n_blocks + 1) // 2), value | (value << 4), dtype=np.uint8)
 
 
+def pack_zero_points(zero_points: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 zero points [..., n_blocks] -> the kernels' packed form [..., ceil(n_blocks *
+    bits / 8)] (4 bits: low nibble first; an odd count's last high nibble is 0)."""
+    if bits == 8:
+        return np.ascontiguousarray(zero_points, dtype=np.uint8)
+    if zero_points.shape[-1] % 2:
+        pad = np.zeros((*zero_points.shape[:-1], 1), dtype=np.uint8)
+        zero_points = np.concatenate([zero_points, pad], axis=-1)
+    return pack_codes(zero_points.astype(np.uint8), bits)
+
+
+def centered_mins(code: ExactCodes) -> tuple[np.ndarray, np.ndarray]:
+    """(zero points uint8 [..., N, K / block], residual mins float32 [..., N, K / block]) of
+    codes whose min shares the scale's block (module doc: center_mins)."""
+    assert code.mins is not None and code.mins.shape == code.scales.shape
+    a, b, zp = code.scales, code.mins, code.zero_point
+    top = (1 << code.bits) - 1
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = b.astype(np.float64) / a.astype(np.float64)
+        usable = np.isfinite(a) & np.isfinite(b) & (a != 0) & np.isfinite(ratio)
+        z = np.clip(zp + np.rint(np.where(usable, ratio, 0)), 0, top).astype(np.float32)
+        z = np.where(usable, z, np.float32(zp))
+        r = b - a * (z - np.float32(zp))  # exact for Q4_K: a = d * sc has <= 17 bits
+        r = np.where(r == 0, np.float32(-0.0), r)  # (+-0) - (-0) is +0, as ggml's a*q - b
+        same = np.ones(a.shape, dtype=bool)
+        for q in np.arange(top + 1, dtype=np.float32):  # each code's float32, both forms
+            ggml = a * (q - np.float32(zp)) - b
+            ours = a * (q - z) - r
+            same &= ggml.view(np.uint32) == ours.view(np.uint32)
+    keep = same & (z != zp)
+    return np.where(keep, z, zp).astype(np.uint8), np.where(keep, r, b).astype(np.float32)
+
+
 def layout_from_codes(
-    code: ExactCodes, block_size: int | None = None, repeat: int = 1
+    code: ExactCodes, block_size: int | None = None, repeat: int = 1, center_mins: bool = False
 ) -> NBitsLayout:
-    """Pack exact codes (module doc for block_size and repeat)."""
+    """Pack exact codes (module doc for block_size, repeat and center_mins)."""
     block = block_size or code.block_size
     if code.block_size % block:
         raise ValueError(f"block_size {block} does not divide the codes' {code.block_size}")
@@ -96,16 +136,23 @@ def layout_from_codes(
     lead = code.codes.shape[:-2]
     codes = code.codes.reshape(*lead, -1, block)
     scales = np.repeat(code.scales, split, axis=-1) if split > 1 else code.scales
+    mins, block_zero_points = code.mins, None
+    if center_mins and mins is not None:
+        block_zero_points, mins = centered_mins(code)
+        block_zero_points = np.repeat(block_zero_points, split, axis=-1)
     if repeat > 1:  # along the N axis: the axis before the blocks
         codes, scales = np.repeat(codes, repeat, axis=-3), np.repeat(scales, repeat, axis=-2)
+        if mins is not None:
+            mins = np.repeat(mins, repeat, axis=-2)
+        if block_zero_points is not None:
+            block_zero_points = np.repeat(block_zero_points, repeat, axis=-2)
     zero_points = None
-    if code.zero_point != default_zero_point(code.bits):
+    if block_zero_points is not None:
+        zero_points = pack_zero_points(block_zero_points, code.bits)
+    elif code.zero_point != default_zero_point(code.bits):
         zero_points = packed_zero_points(
             scales.shape[:-1], scales.shape[-1], code.zero_point, code.bits
         )
-    mins = code.mins
-    if mins is not None and repeat > 1:
-        mins = np.repeat(mins, repeat, axis=-2)
     return NBitsLayout(
         b=np.ascontiguousarray(pack_codes(codes, code.bits)),
         scales=np.ascontiguousarray(scales),
@@ -117,12 +164,16 @@ def layout_from_codes(
 
 
 def to_nbits_layout(
-    type_name: str, data: np.ndarray, block_size: int | None = None, repeat: int = 1
+    type_name: str,
+    data: np.ndarray,
+    block_size: int | None = None,
+    repeat: int = 1,
+    center_mins: bool = False,
 ) -> NBitsLayout:
     """ggml rows uint8 [..., N, row_bytes] -> their exact block-wise layout."""
     if block_size is not None:
         check_block_size(type_name, block_size)
-    return layout_from_codes(exact_codes(type_name, data), block_size, repeat)
+    return layout_from_codes(exact_codes(type_name, data), block_size, repeat, center_mins)
 
 
 def layout_bytes_per_element(

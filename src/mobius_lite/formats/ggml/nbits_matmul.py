@@ -1,11 +1,12 @@
 """The matmul of an exact block-wise layout (nbits_layout.py) as onnxruntime operators.
 
 Y = x @ dequant(B)^T is one com.microsoft MatMulNBits node on the constant B, scales and
-uint8 zero points. A layout with mins (Q4_K: value = code * scale - min per 32-block) also
-subtracts sum_j (sum of x over 32-block j) * min[n, j]:
+uint8 zero points. A layout with mins (Q4_K: value = (code - zero point) * scale - min per
+32-block; the min is the residual of a centered zero point, nbits_layout.py) also subtracts
+sum_j (sum of x over 32-block j) * min[n, j]:
     Y -= ReduceSum(x viewed [rows, K / 32, 32], last axis) @ mins^T
 a [rows, K / 32] x [K / 32, N] float32 product (1/32 of the matmul's work), which is exactly
-the min term of sum_k x_k * (code_k * scale - min) in real arithmetic.
+the min term of sum_k x_k * ((code_k - zero point) * scale - min) in real arithmetic.
 
 accuracy_level 0 keeps float32 activations (exact within float32 rounding); 4 lets the kernel
 quantize them to int8 per block (the int8-activation route).

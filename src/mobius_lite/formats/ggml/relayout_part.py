@@ -6,6 +6,8 @@ A ggml tensor re-laid for MatMulNBits or QMoE feeds several initializers, one pe
 B [E, N, K * bits / 8]; fc1 gives every row twice, the SwiGLU form of ReLU^2). `verify`
 recomputes a part by decoding the whole layout with the kernels' definition
 (code - zero_point) * scale [- min] and requiring gguf-py's `dequantize` bit for bit.
+MatMulNBits layouts ("nbx") center a min term into per-block zero points (nbits_layout.py,
+center_mins: Q4_K's int8-activation error); the QMoE kinds keep their uncentered form.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ class ExactRelayoutPart:
 
     def _layout(self, raw: Bytes) -> tuple[np.ndarray, NBitsLayout]:
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.row_bytes)
-        return rows, to_nbits_layout(self.type.name, rows, repeat=self.repeat)
+        center = self.kind == NBITS_KIND
+        return rows, to_nbits_layout(self.type.name, rows, repeat=self.repeat, center_mins=center)
 
     def _bytes(self, layout: NBitsLayout) -> bytes:
         return np.ascontiguousarray(layout.arrays()[self.part]).tobytes()
