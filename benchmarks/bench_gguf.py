@@ -65,8 +65,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
 from bench_common import (  # noqa: E402
+    claim_workdir,
     median_time,
     open_package,
+    release_workdir,
     session_options,
     timed_decode,
     timed_export,
@@ -379,8 +381,7 @@ def main() -> None:
     unknown = set(filter(None, args.routes.split(","))) - set(ROUTES)
     if unknown:
         parser.error(f"unknown routes {sorted(unknown)}; choose from {', '.join(ROUTES)}")
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
+    claim_workdir(args.workdir)
     files = write_files(args.workdir, args.types.split(","), args.config, not args.without_llamacpp)
     results: dict[str, Any] = {
         "command": " ".join(["python benchmarks/bench_gguf.py", *sys.argv[1:]]),
@@ -432,7 +433,7 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
-    shutil.rmtree(args.workdir, ignore_errors=True)
+    release_workdir(args.workdir)
 
 
 if __name__ == "__main__":

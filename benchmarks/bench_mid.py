@@ -14,13 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import median_time, open_package, session_options, timed_decode, timed_export
+from bench_common import (
+    claim_workdir,
+    median_time,
+    open_package,
+    release_workdir,
+    session_options,
+    timed_decode,
+    timed_export,
+)
 
 MID = dict(
     vocab_size=32000,
@@ -147,7 +154,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    claim_workdir(args.workdir)
     checkpoint, package = args.workdir / "checkpoint", args.workdir / "package"
     model, params = make_checkpoint(checkpoint)
     export = timed_export(checkpoint, package, ["--dtype", "f32"])
@@ -172,7 +179,7 @@ def main() -> None:
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
-    shutil.rmtree(args.workdir, ignore_errors=True)
+    release_workdir(args.workdir)
 
 
 if __name__ == "__main__":

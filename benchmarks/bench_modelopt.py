@@ -17,12 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
-from bench_common import open_package, session_options, timed_decode, timed_export
+from bench_common import (
+    claim_workdir,
+    open_package,
+    session_options,
+    timed_decode,
+    timed_export,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -103,8 +108,7 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=17)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
+    claim_workdir(args.workdir)
     rows = []
     for name, checkpoint in write_checkpoints(args.workdir).items():
         package = args.workdir / f"pkg_{name}"

@@ -19,7 +19,6 @@ Usage (from the repository root, with onnxruntime-gpu installed):
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -28,6 +27,8 @@ import numpy as np
 from mobius_lite.layout import DECODER_FILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import claim_workdir  # noqa: E402
 
 NRMSE_GATE = 1e-2
 COSINE_GATE = 0.9999
@@ -104,7 +105,7 @@ def main() -> int:
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             print("CUDAExecutionProvider is not available (install onnxruntime-gpu)")
             return 2
-    shutil.rmtree(args.workdir, ignore_errors=True)
+    claim_workdir(args.workdir)
     checkpoints = args.checkpoint
     if not checkpoints:
         import modelopt_fixtures as mf

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_common import claim_workdir  # noqa: E402
 
 MODEL: dict[str, Any] = {
     "layers_block_type": ["mamba", "moe", "attention", "moe", "mamba", "moe"],
@@ -103,8 +104,7 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gguf_mixed_bytes"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
+    claim_workdir(args.workdir)
     result = measure(args.workdir)
     print(table(result))
     if args.json:

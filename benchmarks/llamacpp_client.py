@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_common import open_package  # noqa: E402
+from bench_common import claim_workdir, open_package  # noqa: E402
 
 COSINE_GATE = 0.999
 MODEL = {
@@ -236,8 +235,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
+    claim_workdir(args.workdir)
     files = write_fixture_files(args.workdir)
     skipped: dict[str, str] = {}
     if not args.no_llamacpp:

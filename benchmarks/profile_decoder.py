@@ -21,7 +21,6 @@ import collections
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -335,6 +334,8 @@ def main() -> None:
     pattern = PATTERNS[args.variant]
     SPINNING["value"] = args.allow_spinning
     checkpoint, package = args.workdir / "checkpoint", args.workdir / "package"
+    if args.package is None:
+        bench_common.claim_workdir(args.workdir, fresh=not args.reuse)
     export_s = None
     if args.package is not None:
         package = args.package
@@ -373,7 +374,7 @@ def main() -> None:
     print(table)
     print({k: v for k, v in result.items() if k != "profile"})
     if not args.reuse and args.package is None:
-        shutil.rmtree(args.workdir, ignore_errors=True)
+        bench_common.release_workdir(args.workdir)
 
 
 if __name__ == "__main__":
