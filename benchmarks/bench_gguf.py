@@ -15,7 +15,8 @@ One run:
      then in a fresh process: session creation time, prefill of --prompt-length tokens and
      decode ms/token (medians), and that process's peak RSS;
   3. llama.cpp (llama_cpp.Llama) on the same file with the same thread count: load time,
-     prefill and decode ms/token.
+     prefill and decode ms/token. With --rounds N every route's process and llama.cpp run N
+     times, in rotating order, after all of the file's exports (synced to disk); medians.
   4. accuracy beside speed (issue 22): every route's greedy tokens and logits against the
      exact `ort` route of the same file (the f32 reference on the same weights): prefill
      last-position NRMSE / cosine, tokens equal, and at the first disagreement the exact
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import shutil
@@ -245,6 +247,21 @@ def decode_profile(package: Path, plain: Any, token: np.ndarray, calls: int, thr
     return result
 
 
+LLAMACPP = "llama.cpp"
+TIMED = ("prefill_ms", "decode_ms_per_token")
+
+
+def median_of_rounds(runs: list[dict]) -> dict[str, Any]:
+    """One side's runs (rounds) as the first run's facts with the timings' medians, and
+    every round's timings under "rounds"."""
+    out = {key: value for key, value in runs[0].items() if key != "load_1min"}
+    for key in TIMED:
+        out[key] = statistics.median(run[key] for run in runs)
+    if len(runs) > 1:
+        out["rounds"] = [{key: run[key] for key in (*TIMED, "load_1min")} for run in runs]
+    return out
+
+
 def compare_to_reference(
     logits: np.ndarray, tokens: list[int], reference: np.ndarray, reference_tokens: list[int]
 ) -> dict[str, Any]:
@@ -340,6 +357,13 @@ def main() -> None:
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--decode-tokens", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every route and llama.cpp this many times per file, in rotating order, "
+        "each in a fresh process (medians reported, every round kept; default: %(default)s)",
+    )
     parser.add_argument("--types", default="Q8_0,Q4_K_M,IQ2_XXS")
     parser.add_argument(
         "--routes",
@@ -400,16 +424,27 @@ def main() -> None:
         # the exact reference first, so every other route compares with it
         routes.sort(key=lambda r: r != REFERENCE_ROUTE)
         logits: dict[str, np.ndarray] = {}
+        packages = {route: args.workdir / f"pkg-{name}-{route}" for route in routes}
         for route in routes:
-            package = args.workdir / f"pkg-{name}-{route}"
-            out = args.workdir / f"logits-{name}-{route}.npy"
             entry["routes"][route] = {
                 "command": " ".join(["mobius build --model", path.name, *ROUTES[route]]),
-                **timed_export(path, package, ROUTES[route]),
-                **run_ort(package, args, out),
+                **timed_export(path, packages[route], ROUTES[route]),
             }
-            logits[route] = np.load(out)
-            shutil.rmtree(package)
+        os.sync()  # the exports' pages reach the disk before any timing starts
+        sides = [*routes, *([] if args.without_llamacpp else [LLAMACPP])]
+        rounds: dict[str, list[dict]] = {side: [] for side in sides}
+        for index in range(args.rounds):
+            for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
+                if side == LLAMACPP:
+                    run = run_llamacpp(path, prompt, args)
+                else:
+                    out = args.workdir / f"logits-{name}-{side}.npy"
+                    run = run_ort(packages[side], args, out)
+                    logits.setdefault(side, np.load(out))
+                rounds[side].append({**run, "load_1min": os.getloadavg()[0]})
+        for route in routes:
+            entry["routes"][route].update(median_of_rounds(rounds[route]))
+            shutil.rmtree(packages[route])
             if REFERENCE_ROUTE in logits and route != REFERENCE_ROUTE:
                 entry["routes"][route]["vs_exact_ort"] = compare_to_reference(
                     logits[route],
@@ -419,7 +454,7 @@ def main() -> None:
                 )
             print(name, route, json.dumps(entry["routes"][route]), flush=True)
         if not args.without_llamacpp:
-            entry["llamacpp"] = run_llamacpp(path, prompt, args)
+            entry["llamacpp"] = median_of_rounds(rounds[LLAMACPP])
             if REFERENCE_ROUTE in logits:
                 entry["llamacpp"]["vs_exact_ort"] = compare_to_reference(
                     np.load(args.workdir / "llamacpp-logits.npy"),
