@@ -354,15 +354,21 @@ def _ops(package: Path) -> set[str]:
     return {n.op_type for n in model.graph.node}
 
 
-def test_exact_fused_route_matches_the_exact_route(packages: dict[str, Any]) -> None:
-    assert {"MatMulNBits", "QMoE"} <= _ops(packages["exact-fused"])
+def assert_greedy_within_fp32_gates(package: Path, exact: Path) -> None:
+    """On every benchmark prompt: the exact route's greedy tokens, and every step's logits
+    within the FP32 gates of the exact route's."""
     for prompt in PROMPTS:
-        tokens, steps = _greedy(packages["exact"], prompt)
-        fused_tokens, fused_steps = _greedy(packages["exact-fused"], prompt)
+        tokens, steps = _greedy(exact, prompt)
+        fused_tokens, fused_steps = _greedy(package, prompt)
         assert fused_tokens == tokens
         for ours, reference in zip(fused_steps, steps, strict=True):
             result = compare("logits", ours, reference)
             assert result.passes(FP32_NRMSE, FP32_COSINE), result
+
+
+def test_exact_fused_route_matches_the_exact_route(packages: dict[str, Any]) -> None:
+    assert {"MatMulNBits", "QMoE"} <= _ops(packages["exact-fused"])
+    assert_greedy_within_fp32_gates(packages["exact-fused"], packages["exact"])
 
 
 def test_int8_route_tokens_agree_or_the_margin_explains_it(packages: dict[str, Any]) -> None:

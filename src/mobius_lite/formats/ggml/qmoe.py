@@ -66,8 +66,29 @@ def experts_byte_cost(up_type: str, down_type: str) -> float:
     return packed / (ggml_bpe(up_type) + ggml_bpe(down_type))
 
 
+class InsideQMoE:
+    """What a QMoE operand answers as a weight format: it computes only inside the QMoE node
+    (moe_fused.py), never as a linear layer or a gather. Needs `name`, `kind` and `exact`."""
+
+    name: str
+    kind: str
+    exact: GGMLWeight
+
+    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name}: stacked experts, not a linear layer"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
+
+
 @dataclass(frozen=True)
-class QMoEExperts:
+class QMoEExperts(InsideQMoE):
     """One stacked expert slot ([E, N, K]) as QMoE's fc1 (up, rows twice) or fc2 (down)."""
 
     type: GGMLType
@@ -130,21 +151,9 @@ class QMoEExperts:
         parts = {p: params[part_suffix(self.kind, p)] for p in layout_parts(self.type.name)}
         return parts["b"], parts["scales"], parts.get("zero_points")
 
-    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name}: stacked experts, not a linear layer"
-
-    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
-
 
 @dataclass(frozen=True)
-class MinTermExperts:
+class MinTermExperts(InsideQMoE):
     """One stacked expert slot of a layer with Q4_K experts, on the layer's min-term `plan`
     (qmoe_mins.py): fc1 (up: rows twice, tiled per intermediate copy, sum columns for Q4_K)
     or fc2 (down: [A2 | -B2] for Q4_K, zero rows for fc1's sum columns)."""
@@ -214,18 +223,6 @@ class MinTermExperts:
 
     def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
         return self, down
-
-    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name}: stacked experts, not a linear layer"
-
-    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
 
 def augment_input(op: OpBuilder, x: ir.Value, plan: MinTermPlan, hidden: int) -> ir.Value:
