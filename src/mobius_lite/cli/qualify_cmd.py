@@ -36,7 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "side fed its own previous token and state. Writes report.json (graph_validity, "
         "source_fidelity, numerical_parity, generation: each PASS / FAIL / NOT_RUN with its "
         "evidence) and arrays.npz. Gates are fixed: finite, NRMSE <= 0.03, cosine >= 0.999, "
-        "exact greedy tokens. Exit status 1 when any verdict is FAIL.",
+        "exact greedy tokens; a package built with --activations int8 (not exact by design) "
+        "has its numerical_parity and generation reported NOT_GATED. Exit status 1 when any "
+        "verdict is FAIL.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -88,10 +88,10 @@ def to_json(value: Any) -> Any:
 # ----------------------------------------------------------------------------- human output
 def format_table(report: QualifyReport) -> str:
     """A short table readable in ten seconds: one line per verdict, one per array family."""
-    lines = [f"{'verdict':<18}{'result':<9}evidence"]
+    lines = [f"{'verdict':<18}{'result':<11}evidence"]
     for name in (*VERDICTS, *(n for n in OPTIONAL_VERDICTS if n in report.verdicts)):
         v = report.verdicts[name]
-        lines.append(f"{name:<18}{v.status:<9}{v.summary}")
+        lines.append(f"{name:<18}{v.status:<11}{v.summary}")
     families = report.verdicts["numerical_parity"].evidence.get("families", {})
     if families:
         lines.append("")

@@ -18,6 +18,8 @@ from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, Compar
 PASS = "PASS"
 FAIL = "FAIL"
 NOT_RUN = "NOT_RUN"
+# computed and reported, but no fixed gate applies (a package with int8 activations)
+NOT_GATED = "NOT_GATED"
 
 # Fixed qualification gates (LESSONS): all finite, NRMSE <= 0.03, cosine >= 0.999, exact tokens.
 GATE_NRMSE = RELEASE_NRMSE
@@ -32,7 +34,8 @@ ROUTING_EXAMPLES = 5
 
 @dataclass
 class Verdict:
-    """One top-level verdict: PASS / FAIL / NOT_RUN, a one-line summary, and its evidence."""
+    """One top-level verdict: PASS / FAIL / NOT_RUN / NOT_GATED, a one-line summary, and its
+    evidence."""
 
     status: str
     summary: str

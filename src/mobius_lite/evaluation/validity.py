@@ -34,7 +34,28 @@ def check_graph(model_path: Path) -> dict[str, Any]:
         "nodes": len(proto.graph.node),
         "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "ir_version": proto.ir_version,
+        "int8_activation_kernels": int8_activation_kernels(proto.graph),
     }
+
+
+# The block-wise kernels whose accuracy_level 4 quantizes their activations to int8.
+INT8_CAPABLE_OPS = ("MatMulNBits", "QMoE")
+INT8_ACCURACY_LEVEL = 4
+
+
+def int8_activation_kernels(graph: onnx.GraphProto) -> int:
+    """Nodes (subgraphs included) that compute with int8 activations: a package built with
+    `--activations int8`, which is not exact by design."""
+    count = 0
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                count += int8_activation_kernels(attr.g)
+        if node.op_type in INT8_CAPABLE_OPS and any(
+            a.name == "accuracy_level" and a.i == INT8_ACCURACY_LEVEL for a in node.attribute
+        ):
+            count += 1
+    return count
 
 
 def profiled_session_options(prefix: Path) -> Any:
