@@ -1,0 +1,267 @@
+r"""Where a package's decode step goes, per layer kind, without the profiler.
+
+onnxruntime's profiler adds ~10 us to every node it times, which on a decode step of a few
+hundred small nodes hides where the time goes. This script times the real package against
+copies of it with every layer of one kind knocked out (the layer's residual Add passes its
+input through, its caches pass through unchanged, and every node only those layers used is
+dropped), each in its own session, in alternating blocks of decode steps from the same
+prefilled caches. A kind's cost is the full step's median minus the knocked-out one's;
+"top" is what is left with every layer knocked out (embedding, final norm, lm_head and the
+session's own input / output). Beside each cost: the weight bytes that kind reads per decode
+step (stacked routed experts and QMoE operands at k / E of their bytes) and the rate that
+implies. With --gguf, llama.cpp's decode on the same file, in the same process afterwards.
+
+The knocked-out graphs compute wrong numbers on purpose; only their time is read.
+
+Usage (the mid GGUF files of bench_gguf.py, one package of them, then its attribution):
+    python benchmarks/decode_attribution.py --write-gguf DIR [--types F32,Q8_0,Q4_K_M,IQ2_XXS]
+    mobius build --model DIR/mid-Q8_0.gguf --output DIR/q8_0-int8 --backend ort --activations int8
+    python benchmarks/decode_attribution.py DIR/q8_0-int8 [--gguf DIR/mid-Q8_0.gguf] \
+        [--steps 16] [--rounds 3] [--threads 2] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_common import claim_workdir, open_package, session_options  # noqa: E402
+from decode_breakdown import _copy_with  # noqa: E402
+
+from mobius_lite.configs.nemotron_h import NemotronHConfig  # noqa: E402
+from mobius_lite.enums import LayerKind  # noqa: E402
+from mobius_lite.layout import DECODER_FILE  # noqa: E402
+
+RESIDUAL_ADD = re.compile(r"^backbone/layers\.(\d+)/Add(_node_\d+)?$")
+LAYER_SCOPE = re.compile(r"(?:^|/)layers\.(\d+)/")
+PRESENT = re.compile(r"^present\.(\d+)\.(.+)$")
+TOP = "top"
+
+
+def _subgraph_inputs(node: Any) -> set[str]:
+    """Every value a node reads, including what its If / Loop / Scan bodies take from outside."""
+    import onnx
+
+    names = set(node.input)
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            for inner in attribute.g.node:
+                names |= _subgraph_inputs(inner)
+    return names
+
+
+def knock_out(model: Any, layers: set[int]) -> Any:
+    """A copy of the decoder in which each layer of `layers` passes its residual through and
+    its caches unchanged; nodes no graph output needs any more are removed."""
+    import onnx
+    from onnx import helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    replaced = set()
+    for node in graph.node:
+        match = RESIDUAL_ADD.match(node.name)
+        if node.op_type == "Add" and match and int(match.group(1)) in layers:
+            node.op_type, node.name = "Identity", node.name + "_knocked_out"
+            del node.input[1:]
+            replaced.add(int(match.group(1)))
+    if replaced != layers:
+        raise SystemExit(f"no residual Add found for layers {sorted(layers - replaced)}")
+    presents = {
+        o.name for o in graph.output if (m := PRESENT.match(o.name)) and int(m.group(1)) in layers
+    }
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            if name in presents:
+                node.output[i] = name + "_knocked_out"
+    for name in sorted(presents):
+        past = "past_key_values." + name.removeprefix("present.")
+        graph.node.append(helper.make_node("Identity", [past], [name], name=name + "_pass"))
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(list(graph.node)):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed |= _subgraph_inputs(node)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    used = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(used)
+    return out
+
+
+def step_weight_bytes(model: Any, kinds: list[LayerKind], experts: int, k: int) -> dict[str, int]:
+    """Weight bytes each layer kind (and "top") reads in one decode step: every initializer
+    but shape / index constants; a stacked routed-experts tensor (leading axis E, read inside
+    the experts' scope) counts k / E."""
+    import onnx
+    from onnx import helper
+
+    sizes: dict[str, tuple[int, bool]] = {}
+    index_types = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
+    for t in model.graph.initializer:
+        if t.data_type in index_types:
+            continue  # shape and index constants, not weights
+        count = int(np.prod(t.dims)) if t.dims else 1
+        itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        stacked = len(t.dims) >= 3 and t.dims[0] == experts
+        sizes[t.name] = (count * itemsize, stacked)
+    totals: dict[str, float] = {}
+    seen: set[tuple[str, str]] = set()
+
+    def walk(graph: Any, scope: str | None) -> None:
+        for node in graph.node:
+            match = LAYER_SCOPE.search(node.name)
+            owner = scope or (kinds[int(match.group(1))].value if match else TOP)
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g, owner)
+            if node.op_type == "Gather" and "embeddings" in node.name:
+                continue  # one row per token
+            for name in node.input:
+                if name not in sizes or (owner, name) in seen:
+                    continue
+                seen.add((owner, name))
+                size, stacked = sizes[name]
+                routed = stacked and "experts" in node.name and "shared" not in node.name
+                totals[owner] = totals.get(owner, 0.0) + (size * k / experts if routed else size)
+
+    walk(model.graph, None)
+    return {key: int(value) for key, value in totals.items()}
+
+
+def decode_times(session: Any, past: dict, mask: np.ndarray, steps: int) -> list[float]:
+    """Seconds per decode step from the given caches, the first two steps left out."""
+    session.past, session.mask = {k: v.copy() for k, v in past.items()}, mask.copy()
+    token = np.array([[5]], dtype=np.int64)
+    seconds = []
+    for _ in range(steps + 2):
+        start = time.perf_counter()
+        session.step(token)
+        seconds.append(time.perf_counter() - start)
+    return seconds[2:]
+
+
+def llamacpp_decode(gguf: Path, prompt: np.ndarray, steps: int, threads: int) -> float:
+    from bench_gguf import run_llamacpp
+
+    with tempfile.TemporaryDirectory() as work:
+        options = argparse.Namespace(
+            threads=threads, decode_tokens=steps, repeats=1, workdir=Path(work)
+        )
+        return run_llamacpp(gguf, prompt, options)["decode_ms_per_token"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "package", type=Path, nargs="?", help="a text-generation package directory (mobius build)"
+    )
+    parser.add_argument(
+        "--write-gguf",
+        type=Path,
+        metavar="DIR",
+        help="write bench_gguf.py's mid GGUF files (--types) into DIR (new or empty) and stop",
+    )
+    parser.add_argument(
+        "--types",
+        default="F32,Q8_0,Q4_K_M,IQ2_XXS",
+        help="with --write-gguf: the files to write (default: %(default)s)",
+    )
+    parser.add_argument("--gguf", type=Path, help="time llama.cpp's decode on this file too")
+    parser.add_argument("--steps", type=int, default=16, help="decode steps per block")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating blocks per variant")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads (and llama.cpp's)")
+    parser.add_argument(
+        "--prompt-length", type=int, default=128, help="tokens prefilled before the decode steps"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
+    if args.write_gguf is not None:
+        from bench_gguf import write_files
+
+        quantized = [t for t in args.types.split(",") if t != "F32"]  # F32 is always written
+        written = write_files(claim_workdir(args.write_gguf), quantized)
+        print("\n".join(str(path) for path in written.values()))
+        return
+    if args.package is None:
+        parser.error("give a PACKAGE (or --write-gguf DIR)")
+    import onnx
+
+    config = NemotronHConfig.from_file(args.package / "config.json")
+    kinds = list(config.layers_block_type)
+    model = onnx.load(str(args.package / DECODER_FILE), load_external_data=False)
+    weights = step_weight_bytes(
+        model, kinds, config.n_routed_experts or 1, config.num_experts_per_tok or 1
+    )
+    present = sorted({k.value for k in kinds})
+    variants = {"full": set()} | {
+        f"without {kind}": {i for i, k in enumerate(kinds) if k.value == kind} for kind in present
+    }
+    variants["without every layer"] = set(range(len(kinds)))
+    prompt = np.random.default_rng(0).integers(3, 400, size=(1, args.prompt_length))
+    with tempfile.TemporaryDirectory() as tmp:
+        sessions = {}
+        for name, layers in variants.items():
+            path = args.package
+            if layers:
+                edited = knock_out(model, layers)
+                path = _copy_with(args.package, Path(tmp) / str(len(sessions)), edited)
+            sessions[name] = open_package(path, session_options(args.threads))[0]
+            print(f"{name}: session ready", flush=True)
+        full = sessions["full"]
+        full.reset(1)
+        full.step(prompt, logits_to_keep=1)
+        past, mask = dict(full.past), full.mask.copy()
+        seconds: dict[str, list[float]] = {name: [] for name in sessions}
+        for _ in range(args.rounds):
+            for name, session in sessions.items():
+                time.sleep(0.2)  # the previous session's threads stop spinning
+                seconds[name] += decode_times(session, past, mask, args.steps)
+    medians = {name: statistics.median(s) * 1e3 for name, s in seconds.items()}
+    rows = []
+    for kind in present:
+        ms = medians["full"] - medians[f"without {kind}"]
+        rows.append({"part": kind, "ms": ms, "weight_mb": weights.get(kind, 0) / 1e6})
+    rows.append(
+        {"part": TOP, "ms": medians["without every layer"], "weight_mb": weights.get(TOP, 0) / 1e6}
+    )
+    result: dict[str, Any] = {
+        "command": " ".join(["python benchmarks/decode_attribution.py", *sys.argv[1:]]),
+        "package": str(args.package),
+        "decode_ms_median": medians,
+        "parts": rows,
+    }
+    if args.gguf is not None:
+        result["llamacpp_decode_ms"] = llamacpp_decode(args.gguf, prompt, 32, args.threads)
+    print(f"decode, full package: {medians['full']:.2f} ms/step")
+    print("| part | ms per step | weight MB per step | GB/s |")
+    print("| --- | --- | --- | --- |")
+    for row in rows:
+        rate = row["weight_mb"] / row["ms"] if row["ms"] > 0 else float("nan")
+        print(f"| {row['part']} | {row['ms']:.2f} | {row['weight_mb']:.1f} | {rate:.1f} |")
+    if "llamacpp_decode_ms" in result:
+        print(f"llama.cpp decode on {args.gguf.name}: {result['llamacpp_decode_ms']:.2f} ms/step")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
