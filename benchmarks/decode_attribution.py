@@ -47,6 +47,8 @@ RESIDUAL_ADD = re.compile(r"^backbone/layers\.(\d+)/Add(_node_\d+)?$")
 LAYER_SCOPE = re.compile(r"(?:^|/)layers\.(\d+)/")
 PRESENT = re.compile(r"^present\.(\d+)\.(.+)$")
 TOP = "top"
+# ops that read one table row per token (the packed and block-quantized tables' too)
+EMBEDDING_LOOKUPS = ("Gather", "GatherPacked", "GatherBlockQuantized")
 
 
 def _subgraph_inputs(node: Any) -> set[str]:
@@ -129,7 +131,7 @@ def step_weight_bytes(model: Any, kinds: list[LayerKind], experts: int, k: int) 
             for attribute in node.attribute:
                 if attribute.type == onnx.AttributeProto.GRAPH:
                     walk(attribute.g, owner)
-            if node.op_type == "Gather" and "embeddings" in node.name:
+            if node.op_type in EMBEDDING_LOOKUPS and "embeddings" in node.name:
                 continue  # one row per token
             for name in node.input:
                 if name not in sizes or (owner, name) in seen:

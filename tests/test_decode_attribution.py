@@ -96,3 +96,41 @@ def test_step_weight_bytes_are_each_kinds_own_initializers(package) -> None:
     vocab, hidden = config.vocab_size, config.hidden_size
     assert got["top"] == (vocab * hidden + hidden) * 4
     assert LayerKind.MOE in kinds
+
+
+def test_embedding_lookups_read_one_row() -> None:
+    """A packed or block-quantized embedding table (GatherPacked, GatherBlockQuantized) is not
+    a per-step read; the lm_head beside it is, whole."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.zeros((97, 66), np.uint8), "backbone.embeddings.weight")
+    head = numpy_helper.from_array(np.zeros((97, 2, 34), np.uint8), "lm_head.weight_nbx_b")
+    scales = numpy_helper.from_array(np.zeros((97, 2), np.float32), "lm_head.weight_nbx_scales")
+    nodes = [
+        helper.make_node(
+            op,
+            ["backbone.embeddings.weight", "ids"],
+            [f"rows_{op}"],
+            name=f"backbone/embeddings/{op}_node_1",
+            domain="com.microsoft",
+        )  # fmt: skip
+        for op in ("GatherPacked", "GatherBlockQuantized")
+    ]
+    nodes.append(
+        helper.make_node(
+            "MatMulNBits",
+            ["h", "lm_head.weight_nbx_b", "lm_head.weight_nbx_scales"],
+            ["logits"],
+            name="lm_head/MatMulNBits_node_2",
+            domain="com.microsoft",
+        )  # fmt: skip
+    )
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        [table, head, scales],
+    )
+    got = step_weight_bytes(helper.make_model(graph), [LayerKind.MAMBA], 8, 2)
+    assert got == {"top": 97 * 2 * 34 + 97 * 2 * 4}
