@@ -99,20 +99,14 @@ def _gguf_type(type_id: int) -> Any:
 
 
 @dataclass(frozen=True)
-class ExactRelayoutPart:
-    """Part `part` of the `kind` layout of a ggml tensor (module doc); `row_bytes` is one
-    source row (the unit when rows repeat)."""
+class _LayoutPart:
+    """What both layout-part Conversions share: one part of a layout the subclass's
+    `_layout` makes from the raw ggml bytes."""
 
     type: GGMLType
     kind: str
     part: str
     row_bytes: int
-
-    def __post_init__(self) -> None:
-        if self.type.name not in CODE_FORMS or self.kind not in KINDS:
-            raise RouteError(f"no exact {self.kind} layout for ggml {self.type.name}")
-        if self.part not in layout_parts(self.type.name):
-            raise RouteError(f"ggml {self.type.name}'s exact layout has no part {self.part!r}")
 
     @property
     def name(self) -> str:
@@ -121,6 +115,27 @@ class ExactRelayoutPart:
     @property
     def verbatim(self) -> bool:
         return False
+
+    def _layout(self, raw: Bytes) -> tuple[np.ndarray, NBitsLayout]:
+        raise NotImplementedError
+
+    def _bytes(self, layout: NBitsLayout) -> bytes:
+        return np.ascontiguousarray(layout.arrays()[self.part]).tobytes()
+
+    def convert(self, raw: Bytes) -> Bytes:
+        return memoryview(self._bytes(self._layout(raw)[1]))
+
+
+@dataclass(frozen=True)
+class ExactRelayoutPart(_LayoutPart):
+    """Part `part` of the `kind` layout of a ggml tensor (module doc); `row_bytes` is one
+    source row (the unit when rows repeat)."""
+
+    def __post_init__(self) -> None:
+        if self.type.name not in CODE_FORMS or self.kind not in KINDS:
+            raise RouteError(f"no exact {self.kind} layout for ggml {self.type.name}")
+        if self.part not in layout_parts(self.type.name):
+            raise RouteError(f"ggml {self.type.name}'s exact layout has no part {self.part!r}")
 
     @property
     def unit_bytes(self) -> int:
@@ -134,12 +149,6 @@ class ExactRelayoutPart:
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.row_bytes)
         center = self.kind == NBITS_KIND
         return rows, to_nbits_layout(self.type.name, rows, repeat=self.repeat, center_mins=center)
-
-    def _bytes(self, layout: NBitsLayout) -> bytes:
-        return np.ascontiguousarray(layout.arrays()[self.part]).tobytes()
-
-    def convert(self, raw: Bytes) -> Bytes:
-        return memoryview(self._bytes(self._layout(raw)[1]))
 
     def recompute(self, raw: Bytes) -> bytes:
         """The part, once the whole layout is shown to decode (kernel definition) to gguf-py's
@@ -172,31 +181,19 @@ class ExactRelayoutPart:
 
 
 @dataclass(frozen=True)
-class MinTermRelayoutPart:
+class MinTermRelayoutPart(_LayoutPart):
     """Part `part` of a min-term QMoE operand (qmoe_mins.py; `kind` names the slot and the
     layer's plan) of a ggml expert tensor; the unit is one expert (`rows` rows), since the
     operand tiles and pads whole experts. `verify` folds the decoded operand back to the
     expert weight (logical_weight) and requires gguf-py's values exactly (value for value: a
     zero may carry the other sign, which no sum the kernel computes can see)."""
 
-    type: GGMLType
-    kind: str
-    part: str
-    row_bytes: int
     rows: int
 
     def __post_init__(self) -> None:
         parsed = parse_kind(self.kind)
         if parsed is None or self.type.name not in CODE_FORMS:
             raise RouteError(f"no min-term QMoE layout {self.kind} for ggml {self.type.name}")
-
-    @property
-    def name(self) -> str:
-        return f"relayout-{self.kind}"
-
-    @property
-    def verbatim(self) -> bool:
-        return False
 
     @property
     def unit_bytes(self) -> int:
@@ -211,12 +208,6 @@ class MinTermRelayoutPart:
         slot, plan = self._plan()
         experts = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.rows, self.row_bytes)
         return experts, min_term_layout(self.type.name, slot, experts, plan)
-
-    def _bytes(self, layout: NBitsLayout) -> bytes:
-        return np.ascontiguousarray(layout.arrays()[self.part]).tobytes()
-
-    def convert(self, raw: Bytes) -> Bytes:
-        return memoryview(self._bytes(self._layout(raw)[1]))
 
     def recompute(self, raw: Bytes) -> bytes:
         """The part, once the operand is shown to stand for gguf-py's dequantized experts bit
