@@ -4,6 +4,7 @@ timing calls, a timed greedy decode and a timed `mobius build` in a child proces
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import statistics
@@ -46,6 +47,19 @@ def release_workdir(path: Path) -> None:
     """Delete a workdir that claim_workdir marked; anything else is left alone."""
     if (path / WORKDIR_MARK).is_file():
         shutil.rmtree(path, ignore_errors=True)
+
+
+def package_with_graph(package: Path, out: Path, model: Any) -> Path:
+    """A copy of `package` in `out` whose decoder is `model` (an edited graph, timing only):
+    model.onnx written there beside hard links of the package's other files."""
+    import onnx
+
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(out / DECODER_FILE))
+    for f in package.iterdir():
+        if f.name != DECODER_FILE and not (out / f.name).exists():
+            os.link(f, out / f.name)
+    return out
 
 
 def session_options(threads: int) -> Any:

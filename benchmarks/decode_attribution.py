@@ -36,8 +36,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import claim_workdir, open_package, session_options  # noqa: E402
-from decode_breakdown import _copy_with  # noqa: E402
+from bench_common import (  # noqa: E402
+    claim_workdir,
+    open_package,
+    package_with_graph,
+    session_options,
+)
 
 from mobius_lite.configs.nemotron_h import NemotronHConfig  # noqa: E402
 from mobius_lite.enums import LayerKind  # noqa: E402
@@ -225,7 +229,7 @@ def main() -> None:
             path = args.package
             if layers:
                 edited = knock_out(model, layers)
-                path = _copy_with(args.package, Path(tmp) / str(len(sessions)), edited)
+                path = package_with_graph(args.package, Path(tmp) / str(len(sessions)), edited)
             sessions[name] = open_package(path, session_options(args.threads))[0]
             print(f"{name}: session ready", flush=True)
         full = sessions["full"]

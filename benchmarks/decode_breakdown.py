@@ -46,7 +46,7 @@ from mobius_lite.layout import DECODER_FILE
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_common import open_package, session_options  # noqa: E402
+from bench_common import open_package, package_with_graph, session_options  # noqa: E402
 from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
 
 PACKAGES = ("standard", "ort", "ort-fused", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
@@ -56,18 +56,6 @@ MAMBA_KERNELS = ("LinearAttention", "CausalConvWithState")
 
 
 # ----------------------------------------------------------------------------- graph edits
-def _copy_with(package: Path, out: Path, model: Any) -> Path:
-    """`model` saved as out/model.onnx beside hard links of the package's other files."""
-    import onnx
-
-    out.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(out / DECODER_FILE))
-    for f in package.iterdir():
-        if f.name != DECODER_FILE and not (out / f.name).exists():
-            os.link(f, out / f.name)
-    return out
-
-
 def without_experts(package: Path, out: Path) -> Path:
     """Each MoE layer's routed-experts If replaced by zeros shaped like its input rows."""
     import onnx
@@ -87,7 +75,7 @@ def without_experts(package: Path, out: Path) -> Path:
         nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    return _copy_with(package, out, model)
+    return package_with_graph(package, out, model)
 
 
 def with_relu_moe_kernel(package: Path, out: Path) -> Path:
@@ -140,7 +128,7 @@ def with_relu_moe_kernel(package: Path, out: Path) -> Path:
         ]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    return _copy_with(package, out, model)
+    return package_with_graph(package, out, model)
 
 
 def without_mamba_kernels(package: Path, out: Path) -> Path:
@@ -160,7 +148,7 @@ def without_mamba_kernels(package: Path, out: Path) -> Path:
             nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    return _copy_with(package, out, model)
+    return package_with_graph(package, out, model)
 
 
 def step_matrices(package: Path) -> list[tuple[int, int]]:

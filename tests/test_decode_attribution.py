@@ -14,8 +14,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_common import package_with_graph  # noqa: E402
 from decode_attribution import knock_out, step_weight_bytes  # noqa: E402
-from decode_breakdown import _copy_with  # noqa: E402
 
 from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.enums import LayerKind
@@ -54,7 +54,7 @@ def test_knocked_out_layers_are_skipped(package, tiny_checkpoint, tmp_path, kind
     layers = {i for i, k in enumerate(kinds) if kind in (k, "all")}
     model = onnx.load(str(package / DECODER_FILE), load_external_data=False)
     edited = knock_out(model, layers)
-    variant = _copy_with(package, tmp_path / "variant", edited)
+    variant = package_with_graph(package, tmp_path / "variant", edited)
     for node in edited.graph.node:  # of a knocked-out layer only its pass-through is left
         if any(f"layers.{i}/" in node.name for i in layers):
             assert node.op_type == "Identity" and node.name.endswith("_knocked_out"), node.name
