@@ -55,7 +55,7 @@ TOP = "top"
 EMBEDDING_LOOKUPS = ("Gather", "GatherPacked", "GatherBlockQuantized")
 
 
-def _subgraph_inputs(node: Any) -> set[str]:
+def values_read(node: Any) -> set[str]:
     """Every value a node reads, including what its If / Loop / Scan bodies take from outside."""
     import onnx
 
@@ -63,8 +63,19 @@ def _subgraph_inputs(node: Any) -> set[str]:
     for attribute in node.attribute:
         if attribute.type == onnx.AttributeProto.GRAPH:
             for inner in attribute.g.node:
-                names |= _subgraph_inputs(inner)
+                names |= values_read(inner)
     return names
+
+
+def needed_nodes(nodes: Any, outputs: set[str], inputs: set[str] = frozenset()) -> tuple[list, set]:
+    """The nodes, in graph order, that the values `outputs` depend on, not looking past the
+    values `inputs`; and every value those nodes read."""
+    needed, kept = set(outputs), []
+    for node in reversed(list(nodes)):
+        if any(name in needed and name not in inputs for name in node.output):
+            kept.append(node)
+            needed |= values_read(node)
+    return kept[::-1], needed
 
 
 def knock_out(model: Any, layers: set[int]) -> Any:
@@ -95,14 +106,9 @@ def knock_out(model: Any, layers: set[int]) -> Any:
     for name in sorted(presents):
         past = "past_key_values." + name.removeprefix("present.")
         graph.node.append(helper.make_node("Identity", [past], [name], name=name + "_pass"))
-    needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(list(graph.node)):
-        if any(name in needed for name in node.output):
-            kept.append(node)
-            needed |= _subgraph_inputs(node)
+    kept, needed = needed_nodes(graph.node, {o.name for o in graph.output})
     del graph.node[:]
-    graph.node.extend(reversed(kept))
+    graph.node.extend(kept)
     used = [t for t in graph.initializer if t.name in needed]
     del graph.initializer[:]
     graph.initializer.extend(used)
