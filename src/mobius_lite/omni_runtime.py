@@ -10,6 +10,7 @@ decoding (cached steps have no media: the embedding graph gets 0-row features).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,10 @@ from mobius_lite.runtime import (
     CPU,
     DecoderSession,
     Generation,
+    check_prompt,
     create_session,
     greedy,
+    greedy_tokens,
     input_dtypes,
     stop_token_ids,
 )
@@ -120,6 +123,7 @@ class OmniSession:
             raise PlaceholderError(
                 f"input_ids must be [1, sequence] (one prompt with media), found {ids.shape}"
             )
+        check_prompt(ids)
         features = {IMAGE_FEATURES: self._empty(), AUDIO_FEATURES: self._empty()}
         keep = None
         image_token = self.config.image_token_id
@@ -228,6 +232,24 @@ class OmniSession:
         last position only)."""
         prepared = self.prepare(input_ids, media)
         return greedy(
+            self.decoder,
+            prepared.inputs_embeds,
+            max_new_tokens,
+            next_input=self.embed_token,
+            stop_tokens=self.stop_tokens if stop_at_eos else (),
+        )
+
+    def generate_tokens(
+        self,
+        input_ids: np.ndarray,
+        media: Media | None = None,
+        max_new_tokens: int = 16,
+        stop_at_eos: bool = True,
+    ) -> Iterator[int]:
+        """`generate`'s tokens one at a time as they are chosen, keeping no call's outputs
+        (what `mobius generate` prints as it goes)."""
+        prepared = self.prepare(input_ids, media)
+        yield from greedy_tokens(
             self.decoder,
             prepared.inputs_embeds,
             max_new_tokens,

@@ -10,7 +10,8 @@ Requires the `runtime` extra.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import importlib
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,6 +20,7 @@ import numpy as np
 
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.optional import require
+from mobius_lite.package_reader import PackageFiles
 
 CPU = "CPUExecutionProvider"
 PROVIDERS = {"cpu": [CPU], "cuda": ["CUDAExecutionProvider", CPU]}
@@ -119,15 +121,132 @@ def quiet_options(options: Any = None) -> Any:
     return options
 
 
+class SessionError(PackageError):
+    """onnxruntime could not create a session over a package's graph (its own exception is
+    the __cause__)."""
+
+
 def create_session(
     model: str | Path | bytes, providers: list[str] | None = None, session_options: Any = None
 ) -> Any:
-    """An onnxruntime InferenceSession over a model file or serialized model bytes."""
-    return ort_module().InferenceSession(
-        model if isinstance(model, bytes) else str(model),
-        sess_options=quiet_options(session_options),
-        providers=providers or [CPU],
+    """An onnxruntime InferenceSession over a model file or serialized model bytes; a
+    SessionError in one line when onnxruntime refuses it (its exceptions are not ours to let
+    through as tracebacks)."""
+    ort = ort_module()
+    providers = providers or [CPU]
+    try:
+        return ort.InferenceSession(
+            model if isinstance(model, bytes) else str(model),
+            sess_options=quiet_options(session_options),
+            providers=providers,
+        )
+    except ort_errors() as exc:
+        what = "the serialized graph" if isinstance(model, bytes) else Path(model).name
+        detail = " ".join(str(exc).split())[:400]
+        raise SessionError(
+            f"onnxruntime cannot create a session for {what} with {providers[0]} "
+            f"({type(exc).__name__}: {detail}); check that the package was built for this "
+            "execution provider and dtype, or re-export it with mobius build"
+        ) from exc
+
+
+def ort_errors() -> tuple[type[Exception], ...]:
+    """The exception types onnxruntime raises (Fail, InvalidGraph, NotImplemented, ...)."""
+    state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
+    return tuple(
+        v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception)
     )
+
+
+def provider_kernels(providers: Sequence[str]) -> set[tuple[str, str]] | None:
+    """(domain, op type) of every kernel this onnxruntime registers for `providers` (domain
+    "" is the ONNX standard one); None when this onnxruntime does not list them."""
+    ort_module()
+    try:
+        state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
+        kernels = state.get_all_opkernel_def()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    return {(k.domain, k.op_name) for k in kernels if k.provider in providers}
+
+
+def check_runnable(files: PackageFiles, ep: str) -> None:
+    """RouteError, before any session is created (which reads every weight), when the
+    package cannot run on `ep`: its recorded dtype has no kernels on that provider (bf16 on
+    the CPU), or a graph uses an operator of onnxruntime's own domains that has no kernel
+    there (the CUDA-only NVFP4 / FP8 kernels of a ModelOpt --weights-backend ort package on
+    the CPU)."""
+    from mobius_lite.enums import Precision
+    from mobius_lite.errors import RouteError
+    from mobius_lite.routes import PROVIDER_PRECISIONS, parse_provider
+
+    provider = parse_provider(ep)
+    built = _built_for(files.directory)
+    dtype = files.manifest.get("dtype")
+    precision = Precision.parse(dtype) if dtype else None
+    if precision is not None and precision not in PROVIDER_PRECISIONS[provider]:
+        others = [p for p, runs in PROVIDER_PRECISIONS.items() if precision in runs]
+        stay = " or ".join(p.value for p in PROVIDER_PRECISIONS[provider])
+        raise RouteError(
+            f"{files.directory} holds {precision.value} weights (manifest dtype "
+            f"{precision.value}{built}), and onnxruntime's {provider} provider has no "
+            f"{precision.value} kernels for MatMul, Gemm or Add; run it with "
+            f"{' or '.join(f'--ep {o}' for o in others)}, or rebuild it with --dtype {stay}"
+        )
+    kernels = provider_kernels(PROVIDERS[provider])
+    if kernels is None:
+        return
+    for role, path in files.graphs.items():
+        # Standard ONNX ops are left out: onnxruntime expands those without a kernel
+        # (LinearAttention, CausalConvWithState) into their function bodies.
+        missing = sorted(op for op in graph_operators(path) if op[0] and op not in kernels)
+        if missing:
+            shown = ", ".join(f"{d}.{o}" if d else o for d, o in missing[:4])
+            raise RouteError(
+                f"{files.directory}'s {role} graph ({path.name}{built}) uses {shown}, which "
+                f"this onnxruntime has no {provider} kernel for; run it with the execution "
+                "provider it was built for (--ep cuda needs onnxruntime-gpu), or rebuild it "
+                f"for {provider} (a ModelOpt checkpoint: --weights-backend standard)"
+            )
+
+
+def _built_for(directory: Path) -> str:
+    """'; built for cuda' when genai_config.json records the CUDA provider, else ''."""
+    import json
+
+    from mobius_lite.layout import GENAI_CONFIG_FILE
+
+    try:
+        genai = json.loads((directory / GENAI_CONFIG_FILE).read_text())
+        options = genai["model"]["decoder"]["session_options"]["provider_options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    names = [name for entry in options if isinstance(entry, dict) for name in entry]
+    return f"; built for {names[0]}" if names else ""
+
+
+def graph_operators(path: Path) -> set[tuple[str, str]]:
+    """(domain, op type) of every node of a graph file, subgraphs and the bodies of the
+    model's local functions included (read without its external data)."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    found: set[tuple[str, str]] = set()
+
+    def visit(nodes: Any) -> None:
+        for node in nodes:
+            key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+            if key in functions:
+                visit(functions.pop(key).node)
+                continue
+            found.add(key)
+            for attr in node.attribute:
+                for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    visit(graph.node)
+
+    visit(proto.graph.node)
+    return found
 
 
 class CachedSession:
@@ -252,10 +371,60 @@ def token_input(token: int) -> np.ndarray:
 
 class Generation(NamedTuple):
     """What `greedy` returns: the tokens chosen after each call, and every call's outputs
-    (prefill first)."""
+    (prefill first; empty unless `greedy` was asked to keep them)."""
 
     tokens: list[int]
     outputs: list[dict[str, np.ndarray]]
+
+
+def check_prompt(prompt: np.ndarray) -> None:
+    """ConfigError for a prompt of no positions: the decoder's prefill cannot run on it (an
+    onnxruntime Reshape failure), and there is no last position to pick a token from."""
+    shape = np.asarray(prompt).shape
+    if len(shape) < 2 or shape[1] == 0:
+        raise ConfigError(
+            f"the prompt is empty (shape {list(shape)}): generation needs at least one prompt token"
+        )
+
+
+def greedy_tokens(
+    decoder: DecoderSession,
+    prompt: np.ndarray,
+    max_new_tokens: int,
+    *,
+    next_input: Callable[[int], np.ndarray] = token_input,
+    stop_tokens: Collection[int] = (),
+    forced: Sequence[int] | None = None,
+    prefill_logits: int = 1,
+    outputs: list[dict[str, np.ndarray]] | None = None,
+) -> Iterator[int]:
+    """Greedy decoding from a fresh cache, one token at a time as it is chosen: prefill
+    `prompt` (input_ids [1, n] or inputs_embeds [1, n, hidden]), then one cached call per
+    token, until `max_new_tokens` tokens are chosen or a stop token is. The token chosen
+    after a call is the argmax of its last position's logits; `next_input` turns it into the
+    next call's input (an Omni package embeds it first). `forced` feeds those tokens instead
+    of the chosen ones (a twin run on another run's tokens). `prefill_logits`: positions of
+    prefill logits to keep (0: all, for comparisons). Calls made: at most `max_new_tokens`.
+
+    Nothing is kept per token (the decoder holds the cache; each call's outputs are dropped
+    once its token is chosen), so memory does not grow with the tokens beyond the cache
+    itself, unless `outputs` is a list: then every call's outputs are appended to it.
+    """
+    check_prompt(prompt)
+    decoder.reset(np.asarray(prompt).shape[0])
+    out = decoder.step(prompt, logits_to_keep=prefill_logits)
+    made = 0
+    while True:
+        if outputs is not None:
+            outputs.append(out)
+        token = int(np.argmax(out["logits"][0, -1]))
+        del out  # the logits and presents of this call (the decoder keeps the presents)
+        made += 1
+        yield token
+        if token in stop_tokens or made >= max_new_tokens:
+            return
+        fed = forced[made - 1] if forced is not None else token
+        out = decoder.step(next_input(fed), logits_to_keep=1 if prefill_logits else 0)
 
 
 def greedy(
@@ -267,23 +436,22 @@ def greedy(
     stop_tokens: Collection[int] = (),
     forced: Sequence[int] | None = None,
     prefill_logits: int = 1,
+    keep_outputs: bool = True,
 ) -> Generation:
-    """Greedy decoding from a fresh cache: prefill `prompt` (input_ids [1, n] or
-    inputs_embeds [1, n, hidden]), then one cached call per token, until `max_new_tokens`
-    tokens are chosen or a stop token is. The token chosen after a call is the argmax of its
-    last position's logits; `next_input` turns it into the next call's input (an Omni
-    package embeds it first). `forced` feeds those tokens instead of the chosen ones (a twin
-    run on another run's tokens). `prefill_logits`: positions of prefill logits to keep (0:
-    all, for comparisons). Calls made: at most `max_new_tokens`.
-    """
-    decoder.reset(np.asarray(prompt).shape[0])
-    result = Generation([], [])
-    out = decoder.step(prompt, logits_to_keep=prefill_logits)
-    while True:
-        result.outputs.append(out)
-        token = int(np.argmax(out["logits"][0, -1]))
-        result.tokens.append(token)
-        if token in stop_tokens or len(result.tokens) >= max_new_tokens:
-            return result
-        fed = forced[len(result.tokens) - 1] if forced is not None else token
-        out = decoder.step(next_input(fed), logits_to_keep=1 if prefill_logits else 0)
+    """`greedy_tokens` run to the end: the tokens, and (with `keep_outputs`, for the
+    comparisons qualify and the tests make) every call's outputs, prefill first. Keeping
+    them holds every call's logits and cache arrays; `mobius generate` keeps none."""
+    kept: list[dict[str, np.ndarray]] | None = [] if keep_outputs else None
+    tokens = list(
+        greedy_tokens(
+            decoder,
+            prompt,
+            max_new_tokens,
+            next_input=next_input,
+            stop_tokens=stop_tokens,
+            forced=forced,
+            prefill_logits=prefill_logits,
+            outputs=kept,
+        )
+    )
+    return Generation(tokens, kept or [])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -10,10 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from mobius_lite.cli import COMMANDS
+from mobius_lite.cli.token_stream import TokenPrinter
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import ConfigError
-from mobius_lite.layout import CONFIG_FILE
-from mobius_lite.media.tokenizer import load_tokenizer
+from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE
+from mobius_lite.media.tokenizer import TOKENIZER_FILE, load_tokenizer
 from mobius_lite.routes import EXECUTION_PROVIDERS
 
 EPILOG = textwrap.dedent(
@@ -41,7 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("package", metavar="PACKAGE", help="package directory written by mobius build")
-    p.add_argument("--prompt", required=True, help="prompt text")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument(
+        "--prompt", help="prompt text (tokenized with the package's tokenizer.json)"
+    )
+    prompt.add_argument(
+        "--prompt-ids",
+        metavar="IDS",
+        help="the prompt as token ids, comma-separated (e.g. 1,2,3): no tokenizer needed; an "
+        "Omni prompt's media placeholders must already be expanded",
+    )
     p.add_argument(
         "--image", action="append", default=[], metavar="FILE", help="an image (repeatable)"
     )
@@ -82,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.configs.model_types import model_type_of
     from mobius_lite.enums import Task
     from mobius_lite.package_reader import open_package
-    from mobius_lite.runtime import session_providers, stop_token_ids
+    from mobius_lite.runtime import check_runnable, session_providers, stop_token_ids
     from mobius_lite.sources.config_json import read_config_json
 
     package = Path(args.package)
@@ -95,37 +107,113 @@ def run(args: argparse.Namespace) -> int:
     files = open_package(package)  # a package, every file complete, before any session
     if not (package / CONFIG_FILE).is_file():
         raise ConfigError(f"{package} has no {CONFIG_FILE}; re-export the package")
-    providers = session_providers(args.ep)
-    tokenizer = load_tokenizer(package)
     raw = read_config_json(package)
-    if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:
-        tokens = _omni(args, package, tokenizer, providers)
-    else:
-        if args.image or args.audio:
-            raise ConfigError(f"{package} is a text package: it takes no --image or --audio")
-        stops = set() if args.ignore_eos else stop_token_ids(raw.get("eos_token_id"))
-        tokens = _text(args, files.graph(GraphRole.DECODER), tokenizer, providers, stops)
-    print(" ".join(map(str, tokens)) if args.ids else tokenizer.decode(tokens))
+    omni = model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT
+    if not omni and (args.image or args.audio):
+        raise ConfigError(f"{package} is a text package: it takes no --image or --audio")
+    tokenizer = _tokenizer(args, package)
+    # Without media the prompt's ids are known now: an empty prompt, or one that leaves no
+    # room for the new tokens, is refused before any session is created.
+    ids = None if args.image or args.audio else _prompt_ids(args, tokenizer)
+    if ids is not None:
+        _check_length(package, ids.shape[1], args.max_new_tokens)
+    providers = session_providers(args.ep)
+    check_runnable(files, args.ep)  # the recorded dtype and operators against --ep
+    printer = TokenPrinter(None if args.ids else tokenizer)
+    try:
+        if omni:
+            _omni(args, package, tokenizer, providers, ids, printer)
+        else:
+            stops = set() if args.ignore_eos else stop_token_ids(raw.get("eos_token_id"))
+            _text(args, files.graph(GraphRole.DECODER), ids, providers, stops, printer)
+    except KeyboardInterrupt as exc:  # SIGINT / SIGTERM: what was printed stays
+        printer.close()
+        name = getattr(exc, "signal_name", "SIGINT")
+        print(
+            f"mobius generate: interrupted by {name} after {printer.count} tokens; the tokens "
+            "printed above are kept",
+            file=sys.stderr,
+        )
+        return 128 + int(getattr(signal, name))
+    printer.close()
     return 0
 
 
-def _text(args, decoder_file: Path, tokenizer, providers: list[str], stops: set[int]) -> list[int]:
-    from mobius_lite.runtime import DecoderSession, greedy
+def _tokenizer(args: argparse.Namespace, package: Path):
+    """The package's tokenizer; None when --prompt-ids is given and the package has none
+    (the continuation is then printed as ids)."""
+    if (package / TOKENIZER_FILE).is_file():
+        return load_tokenizer(package)
+    if args.prompt_ids is None:
+        raise ConfigError(
+            f"{package} has no {TOKENIZER_FILE}, so --prompt cannot be tokenized; give the "
+            "prompt as token ids with --prompt-ids (e.g. --prompt-ids 1,2,3)"
+        )
+    if not args.ids:
+        print(f"{package} has no {TOKENIZER_FILE}: printing token ids", file=sys.stderr)
+    return None
+
+
+def _prompt_ids(args: argparse.Namespace, tokenizer, text: str | None = None) -> np.ndarray:
+    """The prompt as input_ids [1, n]: --prompt-ids, or `text` (default --prompt) encoded;
+    ConfigError when it has no tokens."""
+    if args.prompt_ids is not None:
+        from mobius_lite.evaluation.qualify import parse_prompt_ids
+
+        ids = parse_prompt_ids(args.prompt_ids)
+    else:
+        ids = tokenizer.encode(args.prompt if text is None else text).ids
+        if not ids:
+            raise ConfigError(
+                f"the prompt {args.prompt!r} encodes to no tokens; give a prompt with at least "
+                "one token (or --prompt-ids)"
+            )
+    return np.array([ids], dtype=np.int64)
+
+
+def _check_length(package: Path, prompt: int, new: int) -> None:
+    """ConfigError when the prompt and the new tokens pass the package's context_length
+    (genai_config.json; the length onnxruntime-genai allocates for)."""
+    limit = context_length(package)
+    if limit is not None and prompt + new > limit:
+        room = limit - prompt
+        what = f"--max-new-tokens {room} or less" if room > 0 else "a shorter prompt"
+        raise ConfigError(
+            f"the prompt ({prompt} tokens) and --max-new-tokens {new} make {prompt + new} "
+            f"tokens, past this package's context_length {limit} (genai_config.json); give "
+            f"{what}"
+        )
+
+
+def context_length(package: Path) -> int | None:
+    """model.context_length of the package's genai_config.json (None when it has none)."""
+    try:
+        value = json.loads((package / GENAI_CONFIG_FILE).read_text())["model"]["context_length"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], printer) -> None:
+    from mobius_lite.runtime import DecoderSession, greedy_tokens
     from mobius_lite.speculative import open_head, speculative_greedy
 
     head = open_head(decoder_file.parent, providers) if args.speculative else None
     session = DecoderSession(decoder_file, providers)
-    ids = np.array([tokenizer.encode(args.prompt).ids], dtype=np.int64)
+    print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
     if head is None:
-        return greedy(session, ids, args.max_new_tokens, stop_tokens=stops).tokens
-    tokens, stats = speculative_greedy(
-        session, head, ids, args.max_new_tokens, args.speculative, stops=stops
+        printer.stream(greedy_tokens(session, ids, args.max_new_tokens, stop_tokens=stops))
+        return
+    tokens, stats = printer.timed(
+        lambda: speculative_greedy(
+            session, head, ids, args.max_new_tokens, args.speculative, stops=stops
+        )
     )
+    printer.stream(iter(tokens[0]), timed=False)
     _report(stats)
-    return tokens[0]
 
 
-def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
+def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) -> None:
     from mobius_lite.media.audio_features import LogMelConfig, log_mel_features
     from mobius_lite.media.audio_file import load_wav
     from mobius_lite.media.image import ImageProcessorConfig, load_image, preprocess
@@ -149,16 +237,22 @@ def _omni(args, package: Path, tokenizer, providers: list[str]) -> list[int]:
             waves, mel.sampling_rate, mel
         )
         audio_tokens = session.audio_token_counts(media.input_features_mask)
-    text = expand(args.prompt, image_tokens, audio_tokens)
-    ids = np.array([tokenizer.encode(text).ids], dtype=np.int64)
+    if ids is None:
+        text = None if args.prompt is None else expand(args.prompt, image_tokens, audio_tokens)
+        ids = _prompt_ids(args, tokenizer, text)
+        _check_length(package, ids.shape[1], args.max_new_tokens)
     print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
+    stop = not args.ignore_eos
     if args.speculative:
-        tokens, _, stats = session.generate_speculative(
-            ids, media, args.max_new_tokens, args.speculative, stop_at_eos=not args.ignore_eos
+        tokens, _, stats = printer.timed(
+            lambda: session.generate_speculative(
+                ids, media, args.max_new_tokens, args.speculative, stop_at_eos=stop
+            )
         )
+        printer.stream(iter(tokens), timed=False)
         _report(stats)
-        return tokens
-    return session.generate(ids, media, args.max_new_tokens, stop_at_eos=not args.ignore_eos).tokens
+        return
+    printer.stream(session.generate_tokens(ids, media, args.max_new_tokens, stop_at_eos=stop))
 
 
 def _report(stats) -> None:

@@ -1,0 +1,278 @@
+"""`mobius generate` on long runs and bad prompts (issue 30): it keeps no call's outputs, prints
+each token as it is chosen, keeps them on SIGINT, refuses empty prompts and prompts past the
+package's context_length, takes --prompt-ids without a tokenizer, and reports its speed.
+
+Before: greedy kept every call's logits and cache arrays (memory grew with the square of the
+tokens), tokens were printed only at the end (a SIGINT lost them all, exit 2), an empty prompt
+was an onnxruntime Reshape traceback, and --max-new-tokens past context_length was not
+mentioned. The tokens are checked against transformers' own greedy continuation.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from mobius_lite.cli.main import main
+from mobius_lite.cli.token_stream import TokenPrinter
+from mobius_lite.errors import ConfigError
+from mobius_lite.runtime import DecoderSession, greedy, greedy_tokens
+from nemotron_reference import make_reference
+from test_cli_errors import assert_one_line, run_cli, word_tokenizer
+from test_runtime_dtypes import transformers_greedy
+
+LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])
+CONTEXT = 64  # the checkpoint's max_position_embeddings: the package's context_length
+PROMPT = "w1 w2 w3"  # ids 2 3 4 of the word-level tokenizer
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Tokenizer, list[int]]:
+    """A text package with a tokenizer, and transformers' greedy continuation of PROMPT."""
+    root = tmp_path_factory.mktemp("stream")
+    model = make_reference({**LAYERS, "max_position_embeddings": CONTEXT}, seed=1)
+    model.save_pretrained(root / "checkpoint")
+    word_tokenizer(root / "checkpoint" / "tokenizer.json", model.config.vocab_size)
+    out = root / "pkg"
+    assert main(["build", "--model", str(root / "checkpoint"), "--output", str(out), "-q"]) == 0
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    reference = transformers_greedy(model, tokenizer.encode(PROMPT).ids, 32)
+    return out, tokenizer, reference
+
+
+def generate(package: Path, capsys, *extra: str) -> tuple[int, str, str]:
+    args = ["generate", str(package), *extra]
+    return run_cli(args, capsys)
+
+
+# --------------------------------------------------------------------------- memory
+def test_generate_keeps_no_call_outputs(text, capsys, monkeypatch) -> None:
+    """Every decoder call's outputs (logits, present.*) are released once its token is chosen
+    and the next call has run: after call i returns, nothing of calls 0 .. i-2 is alive."""
+    package, _, reference = text
+    original = DecoderSession.step
+    calls: list[list[weakref.ref]] = []
+    alive_old: list[int] = []
+
+    def step(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        alive_old.append(sum(any(r() is not None for r in refs) for refs in calls[:-1]))
+        calls.append([weakref.ref(v) for v in out.values()])
+        return out
+
+    monkeypatch.setattr(DecoderSession, "step", step)
+    code, out, err = generate(package, capsys, "--prompt", PROMPT, "--ids", "--ignore-eos")
+    assert code == 0, err
+    assert [int(t) for t in out.split()] == reference  # the default --max-new-tokens 32
+    assert len(calls) == 32 and max(alive_old) == 0, alive_old
+
+
+def test_greedy_keeps_outputs_only_when_asked(text) -> None:
+    package, tokenizer, reference = text
+    decoder = DecoderSession(package / "model.onnx")
+    ids = np.array([tokenizer.encode(PROMPT).ids])
+    kept = greedy(decoder, ids, 6)
+    plain = greedy(decoder, ids, 6, keep_outputs=False)
+    assert kept.tokens == plain.tokens == reference[:6]
+    assert len(kept.outputs) == 6 and plain.outputs == []
+    assert list(greedy_tokens(decoder, ids, 6)) == reference[:6]
+
+
+# --------------------------------------------------------------------------- streaming
+CHILD = textwrap.dedent(
+    """\
+    import sys, time
+    from mobius_lite.cli.main import main
+    from mobius_lite.runtime import DecoderSession
+
+    original = DecoderSession.step
+    calls = 0
+
+    def paused(self, *args, **kwargs):
+        global calls
+        calls += 1
+        if calls == 6:  # five tokens chosen and printed; the sixth call waits
+            print("READY", file=sys.stderr, flush=True)
+            time.sleep(3600)
+        return original(self, *args, **kwargs)
+
+    DecoderSession.step = paused
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["ids", "text"])
+def test_sigint_keeps_the_printed_tokens(text, tmp_path, mode: str) -> None:
+    package, tokenizer, reference = text
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    args = ["generate", str(package), "--prompt", PROMPT, "--max-new-tokens", "40"]
+    args += ["--ignore-eos"] + (["--ids"] if mode == "ids" else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("READY") or len(lines) > 5:
+            break
+    if not lines or not lines[-1].startswith("READY"):
+        proc.kill()
+        raise AssertionError(f"generate did not reach the pause: {lines}")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    first = reference[:5]
+    expected = " ".join(map(str, first)) if mode == "ids" else tokenizer.decode(first)
+    assert out == expected + "\n"
+    assert proc.returncode == 130, err
+    interrupted = "mobius generate: interrupted by SIGINT after 5 tokens"
+    assert err == f"{interrupted}; the tokens printed above are kept\n"
+
+
+def byte_level_tokenizer() -> Tokenizer:
+    """A byte-level BPE tokenizer (GPT-2 style) trained on text with multi-byte characters,
+    with one special token."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = ["héllo wörld 日本語 ünïcode ✓ naïve café", "the cat sat on the mat"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    tokenizer.add_special_tokens([AddedToken("<|end|>", special=True)])
+    return tokenizer
+
+
+class Recording(io.StringIO):
+    """A stream that records what was written at each flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed: list[str] = []
+
+    def flush(self) -> None:
+        self.flushed.append(self.getvalue())
+
+
+def test_text_is_written_as_it_comes_and_joins_to_the_whole_decode() -> None:
+    """Tokens split inside multi-byte characters: each flush is a prefix of the final text
+    (no U+FFFD), the whole is tokenizers' decode of all tokens, and the special token is
+    hidden."""
+    tokenizer = byte_level_tokenizer()
+    special = tokenizer.token_to_id("<|end|>")
+    ids = tokenizer.encode("naïve 日本語 😀 café ✓ the cat").ids  # 😀: 4 bytes, never merged
+    tokens = ids[:5] + [special] + ids[5:]
+    # bytes of one character split over tokens: a byte-level piece alone decodes to U+FFFD
+    assert any("\ufffd" in tokenizer.decode([t]) for t in tokens)
+    out = Recording()
+    printer = TokenPrinter(tokenizer, out)
+    for token in tokens:
+        printer.add(token)
+    printer.close()
+    whole = tokenizer.decode(tokens, skip_special_tokens=True)
+    assert out.getvalue() == whole + "\n"
+    assert "<|end|>" not in whole and len(out.flushed) > 3
+    for text in out.flushed[:-1]:
+        assert whole.startswith(text) and "\ufffd" not in text
+
+
+def test_word_tokens_are_printed_with_their_spaces() -> None:
+    vocab = {"<unk>": 0, "a": 1, "b": 2, "c": 3}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.add_special_tokens([AddedToken("</s>", special=True)])
+    out = io.StringIO()
+    printer = TokenPrinter(tokenizer, out)
+    for token in [1, 2, 4, 3, 1]:
+        printer.add(token)
+    printer.close()
+    assert out.getvalue() == tokenizer.decode([1, 2, 4, 3, 1]) + "\n" == "a b c a\n"
+
+
+# --------------------------------------------------------------------------- prompts
+def test_prompt_count_and_speed_on_stderr(text, capsys) -> None:
+    package, tokenizer, reference = text
+    code, out, err = generate(package, capsys, "--prompt", PROMPT, "--max-new-tokens", "6")
+    assert code == 0, err
+    assert out == tokenizer.decode(reference[:6]) + "\n"
+    lines = err.splitlines()
+    assert lines[0] == "prompt: 3 tokens"
+    assert lines[-1].startswith("generated 6 tokens in ") and "tokens/s" in lines[-1]
+
+
+def test_prompt_ids_without_a_tokenizer(text, tmp_path, capsys) -> None:
+    package, tokenizer, reference = text
+    bare = tmp_path / "pkg"
+    shutil.copytree(package, bare)
+    (bare / "tokenizer.json").unlink()
+    ids = ",".join(map(str, tokenizer.encode(PROMPT).ids))
+    code, out, err = generate(bare, capsys, "--prompt-ids", ids, "--max-new-tokens", "5")
+    assert code == 0, err
+    assert [int(t) for t in out.split()] == reference[:5]
+    assert "has no tokenizer.json: printing token ids" in err
+    code, _, err = generate(bare, capsys, "--prompt", PROMPT)
+    assert_one_line(code, err, "generate", "has no tokenizer.json", "--prompt-ids")
+
+
+@pytest.mark.parametrize("value", ["", ",", "1,x"])
+def test_bad_prompt_ids(text, capsys, value: str) -> None:
+    code, _, err = generate(text[0], capsys, "--prompt-ids", value)
+    assert_one_line(code, err, "generate", "--prompt-ids")
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+@pytest.mark.parametrize("extra", [[], ["--ids"], ["--speculative", "2"]])
+def test_empty_prompt_is_one_line(text, capsys, monkeypatch, prompt, extra) -> None:
+    """Refused before any session: session creation is made to fail if it is reached."""
+    import mobius_lite.runtime as runtime
+
+    monkeypatch.setattr(runtime, "create_session", _no_session)
+    code, out, err = generate(text[0], capsys, "--prompt", prompt, *extra)
+    assert_one_line(code, err, "generate", "encodes to no tokens")
+    assert out == ""
+
+
+def _no_session(*args, **kwargs):
+    raise AssertionError("a session was created before the prompt was checked")
+
+
+def test_empty_prompt_in_the_api(text) -> None:
+    decoder = DecoderSession(text[0] / "model.onnx")
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        greedy(decoder, np.zeros((1, 0), dtype=np.int64), 4)
+
+
+def test_past_the_context_length(text, capsys, monkeypatch) -> None:
+    """prompt 3 + 61 new = 64 = context_length runs; one more token is refused before any
+    session, naming both numbers."""
+    package, _, _ = text
+    assert json.loads((package / "genai_config.json").read_text())["model"]["context_length"] == 64
+    code, out, err = generate(package, capsys, "--prompt", PROMPT, "--ids", "--ignore-eos",
+                              "--max-new-tokens", "61")  # fmt: skip
+    assert code == 0 and len(out.split()) == 61, err
+    import mobius_lite.runtime as runtime
+
+    monkeypatch.setattr(runtime, "create_session", _no_session)
+    code, _, err = generate(package, capsys, "--prompt", PROMPT, "--max-new-tokens", "62")
+    assert_one_line(
+        code, err, "generate", "context_length 64", "--max-new-tokens 62", "65 tokens",
+        "--max-new-tokens 61 or less",
+    )  # fmt: skip
