@@ -200,16 +200,15 @@ def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], 
 
     head = open_head(decoder_file.parent, providers) if args.speculative else None
     session = DecoderSession(decoder_file, providers)
-    print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
     if head is None:
-        printer.stream(greedy_tokens(session, ids, args.max_new_tokens, stop_tokens=stops))
+        printer.stream(greedy_tokens(session, ids, args.max_new_tokens, stop_tokens=stops), ids)
         return
     tokens, stats = printer.timed(
         lambda: speculative_greedy(
             session, head, ids, args.max_new_tokens, args.speculative, stops=stops
         )
     )
-    printer.stream(iter(tokens[0]), timed=False)
+    printer.stream(iter(tokens[0]), ids, timed=False)
     _report(stats)
 
 
@@ -241,7 +240,6 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
         text = None if args.prompt is None else expand(args.prompt, image_tokens, audio_tokens)
         ids = _prompt_ids(args, tokenizer, text)
         _check_length(package, ids.shape[1], args.max_new_tokens)
-    print(f"prompt: {ids.shape[1]} tokens", file=sys.stderr)
     stop = not args.ignore_eos
     if args.speculative:
         tokens, _, stats = printer.timed(
@@ -249,10 +247,10 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
                 ids, media, args.max_new_tokens, args.speculative, stop_at_eos=stop
             )
         )
-        printer.stream(iter(tokens), timed=False)
+        printer.stream(iter(tokens), ids, timed=False)
         _report(stats)
         return
-    printer.stream(session.generate_tokens(ids, media, args.max_new_tokens, stop_at_eos=stop))
+    printer.stream(session.generate_tokens(ids, media, args.max_new_tokens, stop_at_eos=stop), ids)
 
 
 def _report(stats) -> None:

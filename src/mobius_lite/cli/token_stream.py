@@ -64,14 +64,17 @@ class TokenPrinter:
         self.out.write("\n")
         self.out.flush()
 
-    def stream(self, tokens: Iterable[int], timed: bool = True) -> None:
+    def stream(self, tokens: Iterable[int], prompt: Any, timed: bool = True) -> None:
         """Write every token of `tokens` as it comes, then the speed on stderr (the time from
-        the first token on is the decoding rate; before it, the prefill)."""
+        the first token on is the decoding rate; before it, the prefill). The prompt's length
+        (input_ids [1, n]) goes to stderr once the prefill has run, so that a prompt the
+        decoder refuses gives its one error line only."""
         start = time.perf_counter()
         first = start
         for token in tokens:
             if not self.tokens:
                 first = time.perf_counter()
+                print(f"prompt: {prompt.shape[1]} tokens", file=sys.stderr)
             self.add(token)
         end = time.perf_counter()
         self.close()
