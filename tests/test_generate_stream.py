@@ -276,3 +276,79 @@ def test_past_the_context_length(text, capsys, monkeypatch) -> None:
         code, err, "generate", "context_length 64", "--max-new-tokens 62", "65 tokens",
         "--max-new-tokens 61 or less",
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- --ep
+@pytest.fixture(scope="module")
+def bf16_package(text) -> Path:
+    """The text checkpoint built as bf16 for the CUDA provider (it builds anywhere)."""
+    package = text[0]
+    checkpoint, out = package.parent / "checkpoint", package.parent / "bf16"
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "-q"]
+    assert main([*args, "--dtype", "bf16", "--ep", "cuda"]) == 0
+    return out
+
+
+def test_bf16_package_on_the_cpu_is_refused_before_a_session(
+    text, bf16_package, capsys, monkeypatch
+) -> None:
+    """Before: onnxruntime's NOT_IMPLEMENTED traceback from session creation (generate), a
+    graph_validity FAIL after the reference ran (qualify)."""
+    import mobius_lite.runtime as runtime
+
+    monkeypatch.setattr(runtime, "create_session", _no_session)
+    code, _, err = generate(bf16_package, capsys, "--prompt", PROMPT, "--ep", "cpu")
+    assert_one_line(code, err, "generate", "bf16 weights", "built for cuda", "--ep cuda")
+    qualify = ["qualify", str(bf16_package), "--source", str(text[0].parent / "checkpoint")]
+    code, _, err = run_cli([*qualify, "--ep", "cpu", "-q"], capsys)
+    assert_one_line(code, err, "qualify", "bf16 weights", "--ep cuda")
+
+
+def with_node(package: Path, tmp_path: Path, domain: str, op_type: str) -> Path:
+    """A copy of `package` whose decoder also computes one node of `op_type` on constant
+    inputs (its output a graph output, so no optimizer drops it)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(package, copy)
+    model = onnx.load(str(copy / "model.onnx"), load_external_data=False)
+    consts = {
+        "x": helper.make_tensor("x", TensorProto.FLOAT16, [2, 32], [0.0] * 64),
+        "w": helper.make_tensor("w", TensorProto.UINT8, [16, 16], [0] * 256),
+        "s": helper.make_tensor("s", TensorProto.UINT8, [16, 2], [0] * 32),
+        "s2": helper.make_tensor("s2", TensorProto.FLOAT, [], [1.0]),
+    }
+    model.graph.initializer.extend(consts.values())
+    node = helper.make_node(op_type, list(consts), ["extra"], domain=domain, block_size=16)
+    model.graph.node.append(node)
+    model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT16, None))
+    if domain and domain not in {o.domain for o in model.opset_import}:
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    onnx.save(model, str(copy / "model.onnx"))
+    return copy
+
+
+def test_cuda_only_operator_on_the_cpu_is_refused(text, tmp_path, capsys, monkeypatch) -> None:
+    """A ModelOpt --weights-backend ort decoder's NVFP4 kernel: onnxruntime has it for CUDA
+    only. onnxruntime itself refuses the session; generate says so before creating one."""
+    from mobius_lite.runtime import SessionError, create_session
+
+    package = with_node(text[0], tmp_path, "com.microsoft", "MatMulBlockQuantizedFp4Weight")
+    with pytest.raises(SessionError, match="MatMulBlockQuantizedFp4Weight"):
+        create_session(package / "model.onnx")  # the independent evidence: onnxruntime's own
+    import mobius_lite.runtime as runtime
+
+    monkeypatch.setattr(runtime, "create_session", _no_session)
+    code, _, err = generate(package, capsys, "--prompt", PROMPT)
+    assert_one_line(
+        code, err, "generate", "com.microsoft.MatMulBlockQuantizedFp4Weight", "no cpu kernel"
+    )
+
+
+def test_session_creation_failure_is_one_line(text, tmp_path, capsys) -> None:
+    """A graph onnxruntime cannot load for a reason no check foresees: its message, one line."""
+    package = with_node(text[0], tmp_path, "", "NoSuchOperator")
+    code, _, err = generate(package, capsys, "--prompt", PROMPT)
+    assert_one_line(code, err, "generate", "onnxruntime cannot create a session for model.onnx")
+    assert "NoSuchOperator" in err

@@ -84,6 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.evaluation.qualify import parse_prompt_ids, qualify, rescore
     from mobius_lite.evaluation.qualify_report import format_table
+    from mobius_lite.runtime import check_runnable
 
     if args.rescore:
         if args.package or args.source:
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("give PACKAGE (and optionally --source CHECKPOINT), or --rescore DIR")
         for module in ("onnxruntime", "torch", "transformers"):  # before any run or download
             require(module, "qualify")
-        open_package(args.package)  # every graph and data file there, before the source is read
+        files = open_package(args.package)  # every graph and data file, before the source
+        check_runnable(files, args.ep)  # its recorded dtype and operators against --ep
         ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
         report = qualify(
             args.package,
