@@ -204,3 +204,41 @@ def test_wrong_sampling_rate_is_one_clear_error(package, tmp_path: Path, capsys)
     )
     err = capsys.readouterr().err
     assert code == 2 and "8000 Hz" in err and "16000 Hz" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra", [[], ["--speculative", "2"]])
+def test_empty_omni_prompt_is_one_line(package, capsys, extra) -> None:
+    """Before: an onnxruntime Reshape traceback (exit 1) from the decoder's prefill."""
+    _, root = package
+    code = main(["generate", str(root / "pkg"), "--prompt", "", *extra])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "", captured.err
+    assert captured.err.startswith("mobius generate: error: the prompt '' encodes to no tokens")
+    assert captured.err.count("\n") == 1
+
+
+def test_empty_omni_prompt_in_the_api(package) -> None:
+    from mobius_lite.errors import ConfigError
+    from mobius_lite.omni_runtime import OmniSession
+
+    _, root = package
+    session = OmniSession(root / "pkg")
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        session.generate(np.zeros((1, 0), dtype=np.int64), max_new_tokens=2)
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        list(session.generate_tokens(np.zeros((1, 0), dtype=np.int64), max_new_tokens=2))
+
+
+def test_omni_prompt_ids_stream_the_same_tokens(package, capsys) -> None:
+    """--prompt-ids on an Omni package (no media) gives the tokens --prompt gives, which are
+    transformers' greedy continuation; stderr has the prompt's length and the speed."""
+    model, root = package
+    tok = Tokenizer.from_file(str(root / "pkg" / "tokenizer.json"))
+    ids = tok.encode("w3 w5 w9").ids
+    expected = reference_greedy(model, np.array([ids]), 4)
+    for prompt in (["--prompt", "w3 w5 w9"], ["--prompt-ids", ",".join(map(str, ids))]):
+        code = main(["generate", str(root / "pkg"), *prompt, "--max-new-tokens", "4", "--ids"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        assert [int(t) for t in captured.out.split()] == expected
+        assert "prompt: 3 tokens" in captured.err and "tokens/s" in captured.err
