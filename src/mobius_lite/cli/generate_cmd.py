@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         printer.close()
         name = getattr(exc, "signal_name", "SIGINT")
         print(
-            f"mobius generate: interrupted by {name} after {printer.count} tokens; the tokens "
+            f"mobius generate: interrupted by {name} after {_count(printer.count)}; the tokens "
             "printed above are kept",
             file=sys.stderr,
         )
@@ -179,10 +179,14 @@ def _check_length(package: Path, prompt: int, new: int) -> None:
         room = limit - prompt
         what = f"--max-new-tokens {room} or less" if room > 0 else "a shorter prompt"
         raise ConfigError(
-            f"the prompt ({prompt} tokens) and --max-new-tokens {new} make {prompt + new} "
+            f"the prompt ({_count(prompt)}) and --max-new-tokens {new} make {prompt + new} "
             f"tokens, past this package's context_length {limit} (genai_config.json); give "
             f"{what}"
         )
+
+
+def _count(tokens: int) -> str:
+    return f"{tokens} token{'' if tokens == 1 else 's'}"
 
 
 def context_length(package: Path) -> int | None:

@@ -58,6 +58,8 @@ class TokenPrinter:
         if self.closed:
             return
         self.closed = True
+        if not self.tokens:  # interrupted before the first token: nothing to end
+            return
         if self.tokenizer is not None and self.read < len(self.tokens):
             before = self._decode(self.tokens[self.prefix : self.read])
             self.out.write(self._decode(self.tokens[self.prefix :])[len(before) :])
