@@ -264,9 +264,11 @@ class OmniSession:
         max_new_tokens: int,
         k: int,
         stop_at_eos: bool = True,
+        keep_outputs: bool = True,
     ) -> tuple[list[int], list[dict[str, np.ndarray]], SpeculationStats]:
         """`generate`'s greedy tokens, drafted `k` at a time by the package's MTP head and
-        verified by the decoder (speculative.py); also the draft counts."""
+        verified by the decoder (speculative.py); every decoder call's outputs (none unless
+        `keep_outputs`); also the draft counts."""
         head = open_head(self.directory, self.providers)
         prepared = self.prepare(input_ids, media)
         outputs: list[dict[str, np.ndarray]] = []
@@ -279,7 +281,7 @@ class OmniSession:
             prompt_input=prepared.inputs_embeds,
             decoder_input=self.embed,
             stops=self.stop_tokens if stop_at_eos else (),
-            outputs=outputs,
+            outputs=outputs if keep_outputs else None,
         )
         return tokens[0], outputs, stats
 

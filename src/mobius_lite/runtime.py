@@ -160,12 +160,15 @@ def ort_errors() -> tuple[type[Exception], ...]:
 
 def provider_kernels(providers: Sequence[str]) -> set[tuple[str, str]] | None:
     """(domain, op type) of every kernel this onnxruntime registers for `providers` (domain
-    "" is the ONNX standard one); None when this onnxruntime does not list them."""
+    "" is the ONNX standard one); None when this onnxruntime does not list them all (a
+    provider loaded from a shared library may list none until a session loads it)."""
     ort_module()
     try:
         state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
         kernels = state.get_all_opkernel_def()
     except (ImportError, AttributeError, RuntimeError):
+        return None
+    if not set(providers) <= {k.provider for k in kernels}:
         return None
     return {(k.domain, k.op_name) for k in kernels if k.provider in providers}
 

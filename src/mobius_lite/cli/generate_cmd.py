@@ -248,7 +248,12 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
     if args.speculative:
         tokens, _, stats = printer.timed(
             lambda: session.generate_speculative(
-                ids, media, args.max_new_tokens, args.speculative, stop_at_eos=stop
+                ids,
+                media,
+                args.max_new_tokens,
+                args.speculative,
+                stop_at_eos=stop,
+                keep_outputs=False,
             )
         )
         printer.stream(iter(tokens), ids, timed=False)
