@@ -25,6 +25,12 @@ EPILOG = textwrap.dedent(
       mobius generate ./nano9b --prompt "The capital of France is" --max-new-tokens 16
       mobius generate ./omni --prompt "<image> What is in this picture?" --image cat.png
       mobius generate ./omni --prompt "<so_embedding> Transcribe this." --audio clip.wav
+      mobius generate ./pkg --prompt-ids 1,2,3 --ids --max-new-tokens 1000 --ignore-eos
+
+    Tokens are printed as they are made; Ctrl-C keeps them (exit status 130). stderr gets the
+    prompt's length and the tokens/s. The prompt and --max-new-tokens together may not pass
+    the package's context_length (genai_config.json), and a package whose dtype or kernels
+    do not exist on --ep is refused before any session is created.
 
     Omni prompts: each <image> marker (or, if there are none, the start of the prompt) takes
     the next --image, each <so_embedding> / <audio> marker the next --audio, expanded into
