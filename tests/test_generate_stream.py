@@ -122,8 +122,11 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["ids", "text"])
-def test_sigint_keeps_the_printed_tokens(text, tmp_path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "name", "status"),
+    [("ids", "SIGINT", 130), ("text", "SIGINT", 130), ("ids", "SIGTERM", 143)],
+)
+def test_signal_keeps_the_printed_tokens(text, tmp_path, mode: str, name: str, status: int) -> None:
     package, tokenizer, reference = text
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -145,13 +148,13 @@ def test_sigint_keeps_the_printed_tokens(text, tmp_path, mode: str) -> None:
     if not lines or not lines[-1].startswith("READY"):
         proc.kill()
         raise AssertionError(f"generate did not reach the pause: {lines}")
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, name))
     out, err = proc.communicate(timeout=60)
     first = reference[:5]
     expected = " ".join(map(str, first)) if mode == "ids" else tokenizer.decode(first)
     assert out == expected + "\n"
-    assert proc.returncode == 130, err
-    interrupted = "mobius generate: interrupted by SIGINT after 5 tokens"
+    assert proc.returncode == status, err
+    interrupted = f"mobius generate: interrupted by {name} after 5 tokens"
     assert err == f"{interrupted}; the tokens printed above are kept\n"
 
 
