@@ -23,8 +23,8 @@ from tqdm import tqdm
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
-from mobius_lite.genai_config import genai_config, graph_section
-from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE
+from mobius_lite.genai_config import genai_config, graph_section, mtp_head_overlay
+from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE, GENAI_MTP_OVERLAY_FILE
 from mobius_lite.sizes import parse_size
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.weights.binding import BindingPlan
@@ -100,8 +100,20 @@ class ModelPackage:
                     [v.name for v in graph.outputs],
                 )
         return genai_config(
-            self.config, GraphRole.DECODER.file_name, provider=self.provider, sections=sections
+            self.config,
+            GraphRole.DECODER.file_name,
+            provider=self.provider,
+            sections=sections,
+            mtp_filename=self._genai_mtp_file(),
         )
+
+    def _genai_mtp_file(self) -> str | None:
+        """mtp.onnx when onnxruntime-genai's MtpGenerator can be pointed at it: a text package
+        (token ids in) with the head."""
+        roles = {g.role for g in self.graphs}
+        if GraphRole.MTP in roles and GraphRole.EMBEDDING not in roles:
+            return GraphRole.MTP.file_name
+        return None
 
     def save(
         self,
@@ -162,6 +174,10 @@ class ModelPackage:
                     self.config_json or self.config.to_dict(), indent=2
                 ).encode(),
             }
+            mtp_file = self._genai_mtp_file()
+            if mtp_file is not None:
+                overlay = mtp_head_overlay(self.config, mtp_file)
+                aux[GENAI_MTP_OVERLAY_FILE] = json.dumps(overlay, indent=2).encode()
             for name, extra in self.extra_files.items():
                 aux[name] = extra.read_bytes() if isinstance(extra, Path) else extra
             for name, data in aux.items():
