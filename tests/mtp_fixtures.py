@@ -525,3 +525,28 @@ def drive_chained_drafts(
     finally:
         hook.remove()
     return out
+
+
+def write_super_checkpoint(
+    directory: Path, seed: int = 0
+) -> tuple[Path, Any, dict[str, np.ndarray]]:
+    """A Nemotron 3 Super / Ultra-style checkpoint: latent MoE (moe_latent_size; the head's MoE
+    projects into the latent space too: fc1_latent_proj / fc2_latent_proj), routed scaling
+    5.0, the released `backbone.` names and spelling (mtp_hybrid_override_pattern "*E",
+    num_nextn_predict_layers 1). Returns (dir, reference decoder, head tensors)."""
+    overrides = {"moe_latent_size": 16, "routed_scaling_factor": 5.0}
+    checkpoint, model, head = write_nemotron_h_mtp_checkpoint(directory, overrides, seed)
+    path = checkpoint / "model.safetensors"
+    tensors = load_file(path)
+    released = {
+        ("backbone." + n.removeprefix("model.") if n.startswith("model.") else n): v
+        for n, v in tensors.items()
+    }
+    save_file(released, path, metadata={"format": "pt"})
+
+    def spelled(raw: dict[str, Any]) -> None:
+        raw.pop("mtp_layers_block_type", None)
+        raw["mtp_hybrid_override_pattern"] = "*E"
+
+    edit_config(checkpoint, spelled)
+    return checkpoint, model, head

@@ -513,3 +513,23 @@ def test_head_depth_refusals_from_the_cli(nemotron_h, tmp_path: Path) -> None:
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert "2 distinct depths" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_super_latent_head_parity(tmp_path: Path) -> None:
+    """Nemotron 3 Super / Ultra: the head's MoE block is a latent MoE (fc1 / fc2 latent
+    projections around experts of the latent width), released `backbone.` names; steps and a
+    chained second draft match the head reference (transformers' NemotronHMoE with latent)."""
+    from mtp_fixtures import drive_chained_drafts, write_super_checkpoint
+
+    checkpoint, model, head = write_super_checkpoint(tmp_path / "checkpoint")
+    assert "mtp.layers.1.mixer.fc1_latent_proj.weight" in head
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    config = package.config
+    assert config.mtp_layers[1].moe.latent_size == 16
+    weights = package.graph(GraphRole.MTP).model.graph.initializers
+    assert weights["mtp.layers.1.mixer.fc2_latent_proj.weight"].shape == (32, 16)
+    steps = drive_head_parity(model, head_reference(model, head), out, config, decode_steps=3)
+    chained = drive_chained_drafts(model, head_reference(model, head), out, config, drafts=2)
+    assert (len(steps), len(chained)) == (5 * 4, 4 * 2)
+    assert not _failures(steps + chained)
