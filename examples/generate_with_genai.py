@@ -45,18 +45,20 @@ def generate(package: Path, prompt_ids: list[int], max_new_tokens: int) -> list[
 
 
 def generate_mtp(
-    package: Path, prompt_ids: list[int], max_new_tokens: int, draft_tokens: int = 1
+    package: Path, prompt_ids: list[int], max_new_tokens: int, draft_tokens: int | None = None
 ) -> tuple[list[int], dict]:
     """Greedy generation with og.MtpGenerator: the package's decoder verifies drafts of its
     MTP head (mtp.onnx), whose og.Model is genai_config.json with genai_mtp_overlay.json
-    applied. Returns the new tokens and MtpGenerator's statistics."""
+    applied; `draft_tokens` per round (default: the package's, the head's depth). Returns the
+    new tokens and MtpGenerator's statistics."""
     main_model = og.Model(og.Config(str(package)))
     head_config = og.Config(str(package))
     head_config.overlay((Path(package) / "genai_mtp_overlay.json").read_text())
     head_model = og.Model(head_config)
     params = og.GeneratorParams(main_model)
     params.set_search_options(do_sample=False, max_length=len(prompt_ids) + max_new_tokens)
-    params.set_speculative_options(max_draft_tokens=draft_tokens)
+    if draft_tokens is not None:
+        params.set_speculative_options(max_draft_tokens=draft_tokens)
     generator = og.MtpGenerator(main_model, head_model, params)
     generator.append_tokens(np.array(prompt_ids, dtype=np.int32))
     while not generator.is_done():

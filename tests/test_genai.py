@@ -231,6 +231,7 @@ def test_genai_config_carries_the_mtp_section(head_package) -> None:
     head_inputs = {i.name for i in head.input}
     head_outputs = {o.name for o in head.output}
     assert mtp["filename"] == "mtp.onnx"
+    assert config["speculative"] == {"max_draft_tokens": 1}  # the head's depth
     assert mtp["main_hidden_states"] in decoder_outputs
     assert config["model"]["decoder"]["outputs"]["hidden_states"] == mtp["main_hidden_states"]
     assert mtp["outputs"]["hidden_states"] in head_outputs  # chained drafts feed it back
@@ -281,7 +282,7 @@ def _with_float16_logits(package: Path, destination: Path) -> Path:
     return destination
 
 
-@pytest.mark.parametrize("draft_tokens", [1, 3])
+@pytest.mark.parametrize("draft_tokens", [None, 3])
 def test_mtp_generator_gives_the_plain_greedy_tokens(
     head_package, tmp_path: Path, draft_tokens: int
 ) -> None:
@@ -294,3 +295,7 @@ def test_mtp_generator_gives_the_plain_greedy_tokens(
     assert tokens == expected
     assert stats["draft_forward_passes"] > 0  # the head drafted
     assert stats["correction_tokens"] > 0  # and was rejected at least once: a state restore
+    # None: the package's speculative.max_draft_tokens (1, the head's depth), not genai's 4
+    per_round = 1 if draft_tokens is None else draft_tokens
+    assert stats["draft_tokens_proposed"] <= per_round * stats["rounds"]
+    assert stats["draft_tokens_proposed"] > (per_round - 1) * stats["rounds"]

@@ -17,7 +17,8 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
   og.Model is the package's config with the decoder section replaced by the head's
   (`mtp_head_overlay`, written to the package as genai_mtp_overlay.json, applied with
   og.Config.overlay): 0.18 refuses a second config folder that points at ../mtp.onnx
-  ("path traversal"). 0.18's MtpGenerator fails on the CPU provider for float32 logits,
+  ("path traversal"). `speculative.max_draft_tokens` is the head's depth
+  (num_nextn_predict_layers), MtpGenerator's default drafts per round. 0.18's MtpGenerator fails on the CPU provider for float32 logits,
   which every package returns ("Cast - input and output types are the same"; docs/genai.md).
 - An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
   written in its VLM layout, model.type "phi3v" with "vision" and "embedding" sections:
@@ -138,6 +139,10 @@ def genai_config(
     elif mtp_filename is not None and config.has_mtp_head:
         decoder["outputs"]["hidden_states"] = HIDDEN_STATES
         sections["mtp"] = mtp_section(config, mtp_filename)
+    extra: dict[str, Any] = {}
+    if "mtp" in sections:
+        # MtpGenerator's default drafts per round (genai's own default is 4): the head's depth
+        extra["speculative"] = {"max_draft_tokens": config.num_nextn_predict_layers}
     return {
         "model": {
             "bos_token_id": config.bos_token_id,
@@ -165,6 +170,7 @@ def genai_config(
             "top_k": 1,
             "top_p": 1.0,
         },
+        **extra,
     }
 
 
