@@ -18,8 +18,9 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
   (`mtp_head_overlay`, written to the package as genai_mtp_overlay.json, applied with
   og.Config.overlay): 0.18 refuses a second config folder that points at ../mtp.onnx
   ("path traversal"). `speculative.max_draft_tokens` is the head's depth
-  (num_nextn_predict_layers), MtpGenerator's default drafts per round. 0.18's MtpGenerator fails on the CPU provider for float32 logits,
-  which every package returns ("Cast - input and output types are the same"; docs/genai.md).
+  (num_nextn_predict_layers), MtpGenerator's default drafts per round. 0.18's MtpGenerator
+  fails on the CPU provider for float32 logits, which every package returns ("Cast - input
+  and output types are the same"; docs/genai.md).
 - An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
   written in its VLM layout, model.type "phi3v" with "vision" and "embedding" sections:
   0.18 then runs text prompts through embedding -> decoder, greedy tokens identical to
