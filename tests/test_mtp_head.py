@@ -533,3 +533,47 @@ def test_super_latent_head_parity(tmp_path: Path) -> None:
     chained = drive_chained_drafts(model, head_reference(model, head), out, config, drafts=2)
     assert (len(steps), len(chained)) == (5 * 4, 4 * 2)
     assert not _failures(steps + chained)
+
+
+def test_gguf_latent_head_parity(tmp_path: Path) -> None:
+    """A Super / Ultra-style head in llama.cpp's layout (block n_layer, ffn_latent_down /
+    ffn_latent_up beside the stacked experts), Q8_0: the head's latent MoE matches the
+    reference on the independently dequantized weights."""
+    import numpy as np
+    import torch
+    from transformers import NemotronHForCausalLM
+
+    from gguf_fixtures import dequantized_state_dict, write_gguf
+    from mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_from_gguf,
+        head_tensors,
+        nextn_tensors,
+    )
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN, "moe_latent_size": 16}, seed=5)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(8))
+    assert "mtp.layers.1.mixer.fc1_latent_proj.weight" in head
+    path = tmp_path / "tiny.gguf"
+    write_gguf(
+        path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn_tensors(head, model.config)
+    )
+    package = mobius_lite.build(path)
+    out = package.save(tmp_path / "package", quiet=True)
+    assert package.config.mtp_layers[1].moe.latent_size == 16
+    reference_decoder = NemotronHForCausalLM(model.config).eval()
+    reference_decoder.load_state_dict(dequantized_state_dict(path), strict=True)
+    head_arrays, _ = head_from_gguf(path)
+    assert set(head_arrays) == set(head)
+    with torch.no_grad():
+        comparisons = drive_head_parity(
+            reference_decoder,
+            head_reference(reference_decoder, head_arrays),
+            out,
+            package.config,
+            decode_steps=3,
+        )
+    assert len(comparisons) == 5 * 4
+    assert not _failures(comparisons)
