@@ -91,9 +91,9 @@ def check_head_depths(config: NemotronHConfig, source: TensorSource) -> None:
         f"the checkpoint's multi-token-prediction head holds {found}, but its config "
         f"(num_nextn_predict_layers={config.num_nextn_predict_layers}, "
         f"mtp_use_repeated_layer={config.mtp_use_repeated_layer}) describes "
-        f"{config.mtp_depths} depth(s) of '{pattern}' ({len(expected)} blocks); the config "
-        "and the weights must agree (mtp_use_repeated_layer false: one depth per predicted "
-        "layer, chained in order)"
+        f"{config.mtp_depths} depth(s) of '{pattern}' ({len(expected)} blocks): the weights "
+        "and the config must agree, and only a head of one depth, which every chained draft "
+        "repeats, is exported"
     )
 
 
