@@ -78,6 +78,23 @@ def genai_limitations(
     return problems
 
 
+# genai's search section: greedy, one beam, past and present K/V in separate buffers
+GREEDY_SEARCH: dict[str, Any] = {
+    "diversity_penalty": 0.0,
+    "do_sample": False,
+    "early_stopping": True,
+    "length_penalty": 1.0,
+    "min_length": 0,
+    "no_repeat_ngram_size": 0,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "past_present_share_buffer": False,
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_k": 1,
+    "top_p": 1.0,
+}
+
 VLM_MODEL_TYPE = "phi3v"  # the genai 0.18 type whose layout is vision + embedding + decoder
 
 
@@ -155,22 +172,7 @@ def genai_config(
             "type": model_type,
             "vocab_size": config.vocab_size,
         },
-        "search": {
-            "diversity_penalty": 0.0,
-            "do_sample": False,
-            "early_stopping": True,
-            "length_penalty": 1.0,
-            "max_length": length,
-            "min_length": 0,
-            "no_repeat_ngram_size": 0,
-            "num_beams": 1,
-            "num_return_sequences": 1,
-            "past_present_share_buffer": False,
-            "repetition_penalty": 1.0,
-            "temperature": 1.0,
-            "top_k": 1,
-            "top_p": 1.0,
-        },
+        "search": {**GREEDY_SEARCH, "max_length": length},
         **extra,
     }
 
