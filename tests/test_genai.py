@@ -299,3 +299,21 @@ def test_mtp_generator_gives_the_plain_greedy_tokens(
     per_round = 1 if draft_tokens is None else draft_tokens
     assert stats["draft_tokens_proposed"] <= per_round * stats["rounds"]
     assert stats["draft_tokens_proposed"] > (per_round - 1) * stats["rounds"]
+
+
+def test_mtp_generator_drafts_the_lightning_depth_by_default(tmp_path: Path) -> None:
+    """A Nemotron 3.5 Lightning-style package (depth 2 over one depth of weights): its
+    genai_config makes MtpGenerator chain 2 drafts a round through mtp.onnx; tokens are
+    transformers' greedy ones (float16 logits, as above)."""
+    from mtp_fixtures import write_lightning_checkpoint
+
+    checkpoint, model, _ = write_lightning_checkpoint(tmp_path / "checkpoint", "model.")
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    assert json.loads((package / "genai_config.json").read_text())["speculative"] == {
+        "max_draft_tokens": 2
+    }
+    expected = transformers_greedy(model, PROMPT, NEW_TOKENS, cached=True)
+    edited = _with_float16_logits(package, tmp_path / "f16-logits")
+    tokens, stats = genai_generate_mtp(edited, PROMPT, NEW_TOKENS)
+    assert tokens == expected
+    assert stats["rounds"] < stats["draft_tokens_proposed"] <= 2 * stats["rounds"]
