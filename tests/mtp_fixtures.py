@@ -446,3 +446,107 @@ def omni_embedder(package_dir: Path) -> Callable[[np.ndarray], np.ndarray]:
         return session.run(None, feeds)[0]
 
     return embed
+
+
+# ----------------------------------------------------------------------------- new layouts
+def edit_config(directory: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite a checkpoint's config.json with `edit` applied (the released spelling of a
+    field transformers would write otherwise)."""
+    import json
+
+    path = directory / "config.json"
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw, indent=2))
+
+
+def write_lightning_checkpoint(
+    directory: Path, head_prefix: str = "", overrides: dict[str, Any] | None = None, seed: int = 0
+) -> tuple[Path, Any, dict[str, np.ndarray]]:
+    """A Nemotron 3.5 Lightning-style checkpoint: transformers' names (`model.` prefix), the
+    head declared as num_nextn_predict_layers 2 with the pattern "*E" (one depth that both
+    drafts repeat), its tensors under `head_prefix` + mtp.layers.{0,1}. Returns (dir, the
+    reference decoder, head tensors under their mtp.* names)."""
+    checkpoint, model, head = write_nemotron_h_mtp_checkpoint(directory, overrides, seed)
+
+    def lightning(raw: dict[str, Any]) -> None:
+        raw["num_nextn_predict_layers"] = 2
+        raw.pop("mtp_layers_block_type", None)
+        raw["mtp_hybrid_override_pattern"] = "*E"
+
+    edit_config(checkpoint, lightning)
+    if head_prefix:
+        path = checkpoint / "model.safetensors"
+        tensors = load_file(path)
+        renamed = {(head_prefix + n if n in head else n): v for n, v in tensors.items()}
+        save_file(renamed, path, metadata={"format": "pt"})
+    return checkpoint, model, head
+
+
+def drive_chained_drafts(
+    model: Any,
+    reference: MTPHeadReference,
+    package_dir: Path,
+    config: NemotronHConfig,
+    *,
+    drafts: int,
+    prompt_length: int = 9,
+    seed: int = 1,
+) -> list[Comparison]:
+    """One prefill of the package's decoder and of transformers, then `drafts` chained head
+    calls on both sides: the first over (prompt tokens t+1, decoder hidden t), each further
+    one over (the previous draft, the head's own last mtp_hidden_states), through the same
+    head weights. The drafted token is the reference's argmax, fed to both sides."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, config.vocab_size, size=(1, prompt_length)).astype(np.int64)
+    mask = np.ones_like(ids)
+    decoder = DecoderSession(package_dir / "model.onnx")
+    head = HeadSession(package_dir / "mtp.onnx", config)
+    captured: list[torch.Tensor] = []
+    hook = _final_norm_hook(model, captured)
+    out: list[Comparison] = []
+    try:
+        with pinned_torch():
+            ref = model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+            ours = decoder.step(ids, mask)
+            ref_hidden = captured.pop().numpy()
+            token = ref.logits[:, -1].argmax(-1).numpy()[:, None].astype(np.int64)
+            pairs = np.concatenate([ids[:, 1:], token], axis=1)
+            ref_in, our_in, full = (pairs, ref_hidden), (pairs, ours["hidden_states"]), mask
+            for depth in range(drafts):
+                ref_out = reference.step(ref_in[0], ref_in[1], full)
+                our_out = head.step(our_in[0], our_in[1], full)
+                real = np.ones(ref_out["logits"].shape[:2], bool)
+                _compare_head(out, f"draft{depth}", our_out, ref_out, real, full.astype(bool))
+                draft = ref_out["logits"][:, -1].argmax(-1)[:, None].astype(np.int64)
+                ref_in = (draft, ref_out["mtp_hidden_states"][:, -1:])
+                our_in = (draft, our_out["mtp_hidden_states"][:, -1:])
+                full = np.concatenate([full, np.ones((1, 1), np.int64)], axis=1)
+    finally:
+        hook.remove()
+    return out
+
+
+def write_super_checkpoint(
+    directory: Path, seed: int = 0
+) -> tuple[Path, Any, dict[str, np.ndarray]]:
+    """A Nemotron 3 Super / Ultra-style checkpoint: latent MoE (moe_latent_size; the head's MoE
+    projects into the latent space too: fc1_latent_proj / fc2_latent_proj), routed scaling
+    5.0, the released `backbone.` names and spelling (mtp_hybrid_override_pattern "*E",
+    num_nextn_predict_layers 1). Returns (dir, reference decoder, head tensors)."""
+    overrides = {"moe_latent_size": 16, "routed_scaling_factor": 5.0}
+    checkpoint, model, head = write_nemotron_h_mtp_checkpoint(directory, overrides, seed)
+    path = checkpoint / "model.safetensors"
+    tensors = load_file(path)
+    released = {
+        ("backbone." + n.removeprefix("model.") if n.startswith("model.") else n): v
+        for n, v in tensors.items()
+    }
+    save_file(released, path, metadata={"format": "pt"})
+
+    def spelled(raw: dict[str, Any]) -> None:
+        raw.pop("mtp_layers_block_type", None)
+        raw["mtp_hybrid_override_pattern"] = "*E"
+
+    edit_config(checkpoint, spelled)
+    return checkpoint, model, head

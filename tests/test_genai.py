@@ -198,3 +198,122 @@ def test_genai_cannot_run_per_layer_mamba_shapes_and_says_so(tmp_path: Path) -> 
     assert [p.split()[1] for p in problems] == ["conv_state", "recurrent_state"]
     message = _genai_error(package)
     assert "invalid dimensions" in message and "conv_state" in message
+
+
+# --------------------------------------------------------------------------- MtpGenerator
+_example = _load_example()
+genai_generate_mtp = _example.generate_mtp
+# onnxruntime-genai 0.18's MtpGenerator on the CPU provider: its host argmax of the decoder's
+# logits casts them to float32 with the CPU Cast, which refuses a float32 -> float32 cast.
+CPU_FLOAT32_LOGITS_REFUSAL = "Cast - input and output types are the same"
+
+
+@pytest.fixture(scope="module")
+def head_package(tmp_path_factory: pytest.TempPathFactory):
+    from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+
+    root = tmp_path_factory.mktemp("genai_mtp")
+    checkpoint, model, _ = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
+    package = mobius_lite.build(checkpoint).save(root / "package", quiet=True)
+    expected = transformers_greedy(model, PROMPT, NEW_TOKENS, cached=True)
+    assert len(expected) == NEW_TOKENS
+    return package, expected
+
+
+def test_genai_config_carries_the_mtp_section(head_package) -> None:
+    """model.mtp and the head's overlay name tensors mtp.onnx / model.onnx really have."""
+    package, _ = head_package
+    config = json.loads((package / "genai_config.json").read_text())
+    mtp = config["model"]["mtp"]
+    decoder = onnx.load(str(package / "model.onnx"), load_external_data=False).graph
+    head = onnx.load(str(package / "mtp.onnx"), load_external_data=False).graph
+    decoder_outputs = {o.name for o in decoder.output}
+    head_inputs = {i.name for i in head.input}
+    head_outputs = {o.name for o in head.output}
+    assert mtp["filename"] == "mtp.onnx"
+    assert config["speculative"] == {"max_draft_tokens": 1}  # the head's depth
+    assert mtp["main_hidden_states"] in decoder_outputs
+    assert config["model"]["decoder"]["outputs"]["hidden_states"] == mtp["main_hidden_states"]
+    assert mtp["outputs"]["hidden_states"] in head_outputs  # chained drafts feed it back
+    assert mtp["inputs"]["hidden_states"] in head_inputs
+    assert mtp["inputs"]["past_key_names"] % 0 in head_inputs
+    assert mtp["outputs"]["present_value_names"] % 0 in head_outputs
+    key = next(i for i in head.input if i.name == mtp["inputs"]["past_key_names"] % 0)
+    dims = [d.dim_value for d in key.type.tensor_type.shape.dim]
+    assert (dims[1], dims[3]) == (mtp["num_key_value_heads"], mtp["head_size"])
+    overlay = json.loads((package / "genai_mtp_overlay.json").read_text())["model"]["decoder"]
+    assert overlay["filename"] == "mtp.onnx"
+    named = {v % 0 if "%d" in v else v for v in overlay["inputs"].values()}
+    assert named & head_inputs == {
+        "input_ids",
+        "attention_mask",
+        "hidden_states",
+        mtp["inputs"]["past_key_names"] % 0,
+        mtp["inputs"]["past_value_names"] % 0,
+    }
+
+
+def test_mtp_generator_refuses_float32_logits_on_cpu(head_package) -> None:
+    """0.18 loads both models and builds the MtpGenerator, then fails at the prompt: every
+    package returns float32 logits (docs/genai.md says what is missing)."""
+    package, _ = head_package
+    with pytest.raises(RuntimeError) as refusal:
+        genai_generate_mtp(package, PROMPT, NEW_TOKENS, 1)
+    assert str(refusal.value) == CPU_FLOAT32_LOGITS_REFUSAL
+
+
+def _with_float16_logits(package: Path, destination: Path) -> Path:
+    """A copy of the package whose decoder casts its logits to float16 (one Cast node), the
+    one element type 0.18's CPU path casts from; nothing else changes."""
+    import shutil
+
+    from onnx import TensorProto, helper
+
+    shutil.copytree(package, destination)
+    proto = onnx.load(str(destination / "model.onnx"), load_external_data=False)
+    for node in proto.graph.node:
+        node.output[:] = ["logits_float32" if o == "logits" else o for o in node.output]
+    proto.graph.node.append(
+        helper.make_node("Cast", ["logits_float32"], ["logits"], to=TensorProto.FLOAT16)
+    )
+    logits = next(o for o in proto.graph.output if o.name == "logits")
+    logits.type.tensor_type.elem_type = TensorProto.FLOAT16
+    onnx.save(proto, str(destination / "model.onnx"))
+    return destination
+
+
+@pytest.mark.parametrize("draft_tokens", [None, 3])
+def test_mtp_generator_gives_the_plain_greedy_tokens(
+    head_package, tmp_path: Path, draft_tokens: int
+) -> None:
+    """With the decoder's logits in float16 (the test's one-node edit), 0.18's MtpGenerator runs
+    the hybrid package as the config describes it: drafts from mtp.onnx, verification with
+    Mamba state snapshots, and transformers' greedy tokens (rejections included)."""
+    package, expected = head_package
+    edited = _with_float16_logits(package, tmp_path / "f16-logits")
+    tokens, stats = genai_generate_mtp(edited, PROMPT, NEW_TOKENS, draft_tokens)
+    assert tokens == expected
+    assert stats["draft_forward_passes"] > 0  # the head drafted
+    assert stats["correction_tokens"] > 0  # and was rejected at least once: a state restore
+    # None: the package's speculative.max_draft_tokens (1, the head's depth), not genai's 4
+    per_round = 1 if draft_tokens is None else draft_tokens
+    assert stats["draft_tokens_proposed"] <= per_round * stats["rounds"]
+    assert stats["draft_tokens_proposed"] > (per_round - 1) * stats["rounds"]
+
+
+def test_mtp_generator_drafts_the_lightning_depth_by_default(tmp_path: Path) -> None:
+    """A Nemotron 3.5 Lightning-style package (depth 2 over one depth of weights): its
+    genai_config makes MtpGenerator chain 2 drafts a round through mtp.onnx; tokens are
+    transformers' greedy ones (float16 logits, as above)."""
+    from mtp_fixtures import write_lightning_checkpoint
+
+    checkpoint, model, _ = write_lightning_checkpoint(tmp_path / "checkpoint", "model.")
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    assert json.loads((package / "genai_config.json").read_text())["speculative"] == {
+        "max_draft_tokens": 2
+    }
+    expected = transformers_greedy(model, PROMPT, NEW_TOKENS, cached=True)
+    edited = _with_float16_logits(package, tmp_path / "f16-logits")
+    tokens, stats = genai_generate_mtp(edited, PROMPT, NEW_TOKENS)
+    assert tokens == expected
+    assert stats["rounds"] < stats["draft_tokens_proposed"] <= 2 * stats["rounds"]

@@ -242,7 +242,9 @@ def test_head_config_spellings() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"num_nextn_predict_layers": 2}, "only 0 or 1"),
+        ({"num_nextn_predict_layers": -1}, "an integer >= 0"),
+        ({"num_nextn_predict_layers": 1.5}, "an integer >= 0"),
+        ({"mtp_use_repeated_layer": "yes"}, "expected true or false"),
         ({"mtp_layers_block_type": ["mamba", "moe"]}, "must be attention or moe"),
         (
             {"mtp_layers_block_type": ["attention", "moe"], "mtp_hybrid_override_pattern": "E*"},
@@ -382,4 +384,196 @@ def test_tied_checkpoint_head_scores_with_the_table(tmp_path: Path) -> None:
         model, head_reference(model, head), out, package.config, decode_steps=5
     )
     assert len(comparisons) == 6 * 5
+    assert not _failures(comparisons)
+
+
+# --------------------------------------------------------------------------- newest layouts
+@pytest.mark.parametrize("head_prefix", ["", "model."])
+def test_lightning_head_repeats_one_depth(tmp_path: Path, head_prefix: str) -> None:
+    """Nemotron 3.5 Lightning's layout: transformers' `model.` names, pattern "*E",
+    num_nextn_predict_layers 2 over one depth of weights (mtp.layers.0-1, or under
+    model.mtp.): mtp.onnx is that depth; its steps and its second, chained draft (the same
+    weights over the first draft and the head's own hidden state) match the reference."""
+    from mtp_fixtures import drive_chained_drafts, write_lightning_checkpoint
+
+    checkpoint, model, head = write_lightning_checkpoint(tmp_path / "checkpoint", head_prefix)
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    config = package.config
+    assert (config.num_nextn_predict_layers, config.mtp_depths) == (2, 1)
+    assert [g.role for g in package.graphs] == [GraphRole.DECODER, GraphRole.MTP]
+    head_sources = {s for b in package.graph(GraphRole.MTP).plan.bindings for s in b.sources}
+    assert {head_prefix + n for n in head} | set(SHARED) == head_sources
+    reference = head_reference(model, head)
+    steps = drive_head_parity(model, reference, out, config, decode_steps=3)
+    assert len(steps) == 5 * 4  # hidden + 4 head arrays, prefill + 3 steps
+    chained = drive_chained_drafts(model, head_reference(model, head), out, config, drafts=2)
+    assert len(chained) == 4 * 2
+    assert not _failures(steps + chained)
+
+
+def test_lightning_speculation_keeps_the_greedy_tokens(tmp_path: Path) -> None:
+    """The depth-2 head drafts K=2 chained tokens a round; the tokens are plain greedy's."""
+    import numpy as np
+
+    from mobius_lite.runtime import DecoderSession, greedy
+    from mobius_lite.speculative import open_head, speculative_greedy
+    from mtp_fixtures import write_lightning_checkpoint
+
+    checkpoint, _, _ = write_lightning_checkpoint(tmp_path / "checkpoint")
+    out = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    prompt = np.array([[5, 17, 33, 8, 61, 12]], dtype=np.int64)
+    plain = greedy(DecoderSession(out / "model.onnx"), prompt, 12).tokens
+    tokens, stats = speculative_greedy(
+        DecoderSession(out / "model.onnx"), open_head(out), prompt, 12, k=2
+    )
+    assert tokens[0] == plain
+    assert stats.as_dict()["proposed"] > 0
+
+
+def _head_with_blocks(source: Path, destination: Path, config_edit, extra_depths: int) -> Path:
+    """The fixture checkpoint with its config edited and its head's blocks copied
+    `extra_depths` times further (mtp.layers.2-3, ...: distinct depths' names)."""
+    import re
+
+    from safetensors.numpy import load_file, save_file
+
+    from mtp_fixtures import edit_config
+
+    destination.mkdir()
+    for f in source.iterdir():
+        if f.name != "model.safetensors":
+            (destination / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(source / "model.safetensors")
+    block = re.compile(r"^mtp\.layers\.(\d+)\.")
+    for depth in range(1, extra_depths + 1):
+        for name, value in list(tensors.items()):
+            m = block.match(name)
+            if m and int(m[1]) < 2:
+                tensors[f"mtp.layers.{int(m[1]) + 2 * depth}." + name[m.end() :]] = value
+    save_file(tensors, destination / "model.safetensors", metadata={"format": "pt"})
+    edit_config(destination, config_edit)
+    return destination
+
+
+@pytest.mark.parametrize(
+    ("fields", "extra_depths", "message"),
+    [
+        # two distinct depths in the weights, a config that says one repeated depth
+        ({"num_nextn_predict_layers": 2}, 1, "mtp.layers.0-3: 2 distinct depths of '[*]E'"),
+        # the config says two distinct depths: not exported (one head module is chained)
+        (
+            {"num_nextn_predict_layers": 2, "mtp_use_repeated_layer": False},
+            1,
+            "2 distinct depths .* not supported",
+        ),
+        # a config of one depth, weights of another count
+        ({"num_nextn_predict_layers": 1}, 2, "mtp.layers.0-5: 3 distinct depths"),
+    ],
+)
+def test_head_depths_the_weights_do_not_hold_are_one_clear_error(
+    nemotron_h, tmp_path: Path, fields: dict, extra_depths: int, message: str
+) -> None:
+    checkpoint = _head_with_blocks(
+        nemotron_h["checkpoint"],
+        tmp_path / "checkpoint",
+        lambda raw: raw.update(fields),
+        extra_depths,
+    )
+    with pytest.raises(ConfigError, match=message):
+        mobius_lite.build(checkpoint)
+    assert not (tmp_path / "package").exists()
+
+
+def test_head_depth_refusals_from_the_cli(nemotron_h, tmp_path: Path) -> None:
+    """`mobius build` on a head whose depths the config does not describe: exit 2, one line."""
+    import subprocess
+    import sys
+
+    checkpoint = _head_with_blocks(
+        nemotron_h["checkpoint"],
+        tmp_path / "checkpoint",
+        lambda raw: raw.update(num_nextn_predict_layers=2),
+        1,
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mobius_lite.cli.main",
+            "build",
+            "--model",
+            str(checkpoint),
+            "--output",
+            str(tmp_path / "package"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    assert "2 distinct depths" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_super_latent_head_parity(tmp_path: Path) -> None:
+    """Nemotron 3 Super / Ultra: the head's MoE block is a latent MoE (fc1 / fc2 latent
+    projections around experts of the latent width), released `backbone.` names; steps and a
+    chained second draft match the head reference (transformers' NemotronHMoE with latent)."""
+    from mtp_fixtures import drive_chained_drafts, write_super_checkpoint
+
+    checkpoint, model, head = write_super_checkpoint(tmp_path / "checkpoint")
+    assert "mtp.layers.1.mixer.fc1_latent_proj.weight" in head
+    package = mobius_lite.build(checkpoint)
+    out = package.save(tmp_path / "package", quiet=True)
+    config = package.config
+    assert config.mtp_layers[1].moe.latent_size == 16
+    weights = package.graph(GraphRole.MTP).model.graph.initializers
+    assert weights["mtp.layers.1.mixer.fc2_latent_proj.weight"].shape == (32, 16)
+    steps = drive_head_parity(model, head_reference(model, head), out, config, decode_steps=3)
+    chained = drive_chained_drafts(model, head_reference(model, head), out, config, drafts=2)
+    assert (len(steps), len(chained)) == (5 * 4, 4 * 2)
+    assert not _failures(steps + chained)
+
+
+def test_gguf_latent_head_parity(tmp_path: Path) -> None:
+    """A Super / Ultra-style head in llama.cpp's layout (block n_layer, ffn_latent_down /
+    ffn_latent_up beside the stacked experts), Q8_0: the head's latent MoE matches the
+    reference on the independently dequantized weights."""
+    import numpy as np
+    import torch
+    from transformers import NemotronHForCausalLM
+
+    from gguf_fixtures import dequantized_state_dict, write_gguf
+    from mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_from_gguf,
+        head_tensors,
+        nextn_tensors,
+    )
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN, "moe_latent_size": 16}, seed=5)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(8))
+    assert "mtp.layers.1.mixer.fc1_latent_proj.weight" in head
+    path = tmp_path / "tiny.gguf"
+    write_gguf(
+        path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn_tensors(head, model.config)
+    )
+    package = mobius_lite.build(path)
+    out = package.save(tmp_path / "package", quiet=True)
+    assert package.config.mtp_layers[1].moe.latent_size == 16
+    reference_decoder = NemotronHForCausalLM(model.config).eval()
+    reference_decoder.load_state_dict(dequantized_state_dict(path), strict=True)
+    head_arrays, _ = head_from_gguf(path)
+    assert set(head_arrays) == set(head)
+    with torch.no_grad():
+        comparisons = drive_head_parity(
+            reference_decoder,
+            head_reference(reference_decoder, head_arrays),
+            out,
+            package.config,
+            decode_steps=3,
+        )
+    assert len(comparisons) == 5 * 4
     assert not _failures(comparisons)

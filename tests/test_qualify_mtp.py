@@ -87,3 +87,23 @@ def test_puzzle_head_verdict(tmp_path) -> None:
     head = report.verdicts["mtp_head"]
     assert head.status == PASS, head.summary
     assert report.verdicts["numerical_parity"].status == PASS
+
+
+@pytest.mark.parametrize("layout", ["lightning", "super"])
+def test_head_verdict_on_the_newest_layouts(layout: str, tmp_path) -> None:
+    """Nemotron 3.5 Lightning (depth 2 over one depth of weights, here under model.mtp.) and
+    Nemotron 3 Super / Ultra (latent MoE, backbone. names): qualify's head reference reads the
+    head where the checkpoint keeps it and the verdict passes."""
+    from mtp_fixtures import write_lightning_checkpoint, write_super_checkpoint
+
+    if layout == "lightning":
+        checkpoint, _, _ = write_lightning_checkpoint(tmp_path / "checkpoint", "model.")
+    else:
+        checkpoint, _, _ = write_super_checkpoint(tmp_path / "checkpoint")
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    report = qualify(package, checkpoint, output=tmp_path / "run", steps=3)
+    head = report.verdicts["mtp_head"]
+    assert head.status == PASS, head.summary
+    assert head.evidence["parity"]["families"]["logits"]["compared"] == 4
+    speculative = head.evidence["speculative"]
+    assert speculative["tokens"] == speculative["plain_tokens"]

@@ -12,6 +12,15 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
 - past_present_share_buffer must stay false: the graph concatenates past and new K/V, which
   a shared fixed-size buffer cannot hold.
 - Unknown keys anywhere in the file are a parse error, so nothing else may be added here.
+- A package with the multi-token-prediction head (mtp.onnx) gets a `model.mtp` section and
+  the decoder's `hidden_states` output named, as og.MtpGenerator reads them; the head's own
+  og.Model is the package's config with the decoder section replaced by the head's
+  (`mtp_head_overlay`, written to the package as genai_mtp_overlay.json, applied with
+  og.Config.overlay): 0.18 refuses a second config folder that points at ../mtp.onnx
+  ("path traversal"). `speculative.max_draft_tokens` is the head's depth
+  (num_nextn_predict_layers), MtpGenerator's default drafts per round. 0.18's MtpGenerator
+  fails on the CPU provider for float32 logits, which every package returns ("Cast - input
+  and output types are the same"; docs/genai.md).
 - An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
   written in its VLM layout, model.type "phi3v" with "vision" and "embedding" sections:
   0.18 then runs text prompts through embedding -> decoder, greedy tokens identical to
@@ -25,8 +34,11 @@ from __future__ import annotations
 from typing import Any
 
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.configs.layers import MTP_SCOPE
 from mobius_lite.enums import LayerKind, Precision, StateRole
 from mobius_lite.graphs.cache import cache_tensors
+from mobius_lite.graphs.decoder import HIDDEN_STATES
+from mobius_lite.graphs.mtp import MTP_HIDDEN_STATES
 
 MODEL_TYPE = "decoder"
 
@@ -37,10 +49,11 @@ def _token_ids(value: Any) -> Any:
     return value
 
 
-def _template(role: StateRole, present: bool) -> str:
-    """The cache name with %d in place of the layer index (the package's own names)."""
-    name = role.present_name(0) if present else role.past_name(0)
-    return name.replace(".0.", ".%d.", 1)
+def _template(role: StateRole, present: bool, scope: str = "") -> str:
+    """The cache name with %d in place of the layer index (the package's own names); with
+    `scope` ("mtp") the head's names, past_key_values.mtp.%d.key."""
+    layer = f"{scope}.%d" if scope else "%d"
+    return role.present_name(layer) if present else role.past_name(layer)
 
 
 def genai_limitations(
@@ -65,6 +78,23 @@ def genai_limitations(
     return problems
 
 
+# genai's search section: greedy, one beam, past and present K/V in separate buffers
+GREEDY_SEARCH: dict[str, Any] = {
+    "diversity_penalty": 0.0,
+    "do_sample": False,
+    "early_stopping": True,
+    "length_penalty": 1.0,
+    "min_length": 0,
+    "no_repeat_ngram_size": 0,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+    "past_present_share_buffer": False,
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_k": 1,
+    "top_p": 1.0,
+}
+
 VLM_MODEL_TYPE = "phi3v"  # the genai 0.18 type whose layout is vision + embedding + decoder
 
 
@@ -74,13 +104,16 @@ def genai_config(
     provider: str = "cpu",
     context_length: int | None = None,
     sections: dict[str, dict[str, Any]] | None = None,
+    mtp_filename: str | None = None,
 ) -> dict[str, Any]:
     """The onnxruntime-genai config: model type "decoder" with hybrid cache name templates, or,
     when `sections` brings "embedding" (and "vision") graph sections, the VLM layout whose
     decoder takes inputs_embeds.
 
     The past/present templates name attention K/V and Mamba conv/recurrent states by the
-    package's own names (global layer indices); greedy search by default.
+    package's own names (global layer indices); greedy search by default. `mtp_filename`
+    (a text package with the head): the decoder's hidden_states output and the `model.mtp`
+    section og.MtpGenerator reads.
     """
     attention = config.layers_of(LayerKind.ATTENTION)
     head = attention[0].attention if attention else None
@@ -121,6 +154,13 @@ def genai_config(
         model_type = VLM_MODEL_TYPE
         del decoder["inputs"]["input_ids"]
         decoder["inputs"]["inputs_embeds"] = "inputs_embeds"
+    elif mtp_filename is not None and config.has_mtp_head:
+        decoder["outputs"]["hidden_states"] = HIDDEN_STATES
+        sections["mtp"] = mtp_section(config, mtp_filename)
+    extra: dict[str, Any] = {}
+    if "mtp" in sections:
+        # MtpGenerator's default drafts per round (genai's own default is 4): the head's depth
+        extra["speculative"] = {"max_draft_tokens": config.num_nextn_predict_layers}
     return {
         "model": {
             "bos_token_id": config.bos_token_id,
@@ -132,22 +172,8 @@ def genai_config(
             "type": model_type,
             "vocab_size": config.vocab_size,
         },
-        "search": {
-            "diversity_penalty": 0.0,
-            "do_sample": False,
-            "early_stopping": True,
-            "length_penalty": 1.0,
-            "max_length": length,
-            "min_length": 0,
-            "no_repeat_ngram_size": 0,
-            "num_beams": 1,
-            "num_return_sequences": 1,
-            "past_present_share_buffer": False,
-            "repetition_penalty": 1.0,
-            "temperature": 1.0,
-            "top_k": 1,
-            "top_p": 1.0,
-        },
+        "search": {**GREEDY_SEARCH, "max_length": length},
+        **extra,
     }
 
 
@@ -173,4 +199,79 @@ def graph_section(key: str, filename: str, inputs: list[str], outputs: list[str]
         "filename": filename,
         "inputs": {k: v for k, v in known_in.items() if v in inputs},
         "outputs": {k: v for k, v in known_out.items() if v in outputs},
+    }
+
+
+def _head_attention(config: NemotronHConfig) -> Any:
+    """The head's first attention block's sizes (the head has at least one: validated)."""
+    return next(layer.attention for layer in config.mtp_layers if layer.kind is LayerKind.ATTENTION)
+
+
+def mtp_section(config: NemotronHConfig, filename: str) -> dict[str, Any]:
+    """genai's `model.mtp`: the head's file, its KV sizes, the decoder output that feeds it
+    (`main_hidden_states`) and the head output MtpGenerator chains drafts with
+    (`outputs.hidden_states`), every name the package's own."""
+    attention = _head_attention(config)
+    return {
+        "filename": filename,
+        "num_hidden_layers": 1,  # genai's schema: one head module, chained for more drafts
+        "num_key_value_heads": attention.num_kv_heads,
+        "head_size": attention.head_dim,
+        "main_hidden_states": HIDDEN_STATES,
+        "inputs": {
+            "input_ids": "input_ids",
+            "hidden_states": HIDDEN_STATES,
+            "attention_mask": "attention_mask",
+            "past_key_names": _template(StateRole.KEY, present=False, scope=MTP_SCOPE),
+            "past_value_names": _template(StateRole.VALUE, present=False, scope=MTP_SCOPE),
+        },
+        "outputs": {
+            "logits": "logits",
+            "hidden_states": MTP_HIDDEN_STATES,
+            "present_key_names": _template(StateRole.KEY, present=True, scope=MTP_SCOPE),
+            "present_value_names": _template(StateRole.VALUE, present=True, scope=MTP_SCOPE),
+        },
+    }
+
+
+def mtp_head_overlay(config: NemotronHConfig, filename: str) -> dict[str, Any]:
+    """The overlay that turns the package's genai_config into the head's own og.Model: its
+    decoder section replaced by mtp.onnx's I/O (hidden_states in, its K/V, no Mamba state).
+
+    Every key the package's decoder section names is overwritten (an overlay cannot delete
+    keys): the Mamba templates point at head names no graph input has, and the decoder's
+    `hidden_states` output is cleared (the head's chained-draft output is read by name)."""
+    attention = _head_attention(config)
+    scoped = {
+        role: (_template(role, False, MTP_SCOPE), _template(role, True, MTP_SCOPE))
+        for role in StateRole
+    }
+    return {
+        "model": {
+            "decoder": {
+                "filename": filename,
+                "head_size": attention.head_dim,
+                "hidden_size": config.hidden_size,
+                "num_attention_heads": attention.num_heads,
+                "num_key_value_heads": attention.num_kv_heads,
+                "num_hidden_layers": len(config.mtp_layers),
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "hidden_states": HIDDEN_STATES,
+                    "past_key_names": scoped[StateRole.KEY][0],
+                    "past_value_names": scoped[StateRole.VALUE][0],
+                    "past_conv_names": scoped[StateRole.CONV][0],
+                    "past_recurrent_names": scoped[StateRole.RECURRENT][0],
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "hidden_states": "",
+                    "present_key_names": scoped[StateRole.KEY][1],
+                    "present_value_names": scoped[StateRole.VALUE][1],
+                    "present_conv_names": scoped[StateRole.CONV][1],
+                    "present_recurrent_names": scoped[StateRole.RECURRENT][1],
+                },
+            }
+        }
     }

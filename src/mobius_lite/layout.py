@@ -6,6 +6,8 @@ from mobius_lite.enums import GraphRole
 
 MANIFEST_FILE = "manifest.json"
 GENAI_CONFIG_FILE = "genai_config.json"
+# The overlay that makes genai_config.json the MTP head's own og.Model (docs/genai.md)
+GENAI_MTP_OVERLAY_FILE = "genai_mtp_overlay.json"
 CONFIG_FILE = "config.json"
 # Checkpoint files copied into the package unchanged when the source has them: tokenizer,
 # generation and (Omni) processor configuration.

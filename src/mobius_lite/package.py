@@ -23,8 +23,8 @@ from tqdm import tqdm
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
-from mobius_lite.genai_config import genai_config, graph_section
-from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE
+from mobius_lite.genai_config import genai_config, graph_section, mtp_head_overlay
+from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE, GENAI_MTP_OVERLAY_FILE
 from mobius_lite.sizes import parse_size
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.weights.binding import BindingPlan
@@ -100,8 +100,35 @@ class ModelPackage:
                     [v.name for v in graph.outputs],
                 )
         return genai_config(
-            self.config, GraphRole.DECODER.file_name, provider=self.provider, sections=sections
+            self.config,
+            GraphRole.DECODER.file_name,
+            provider=self.provider,
+            sections=sections,
+            mtp_filename=self._genai_mtp_file(),
         )
+
+    def _aux_files(self) -> dict[str, bytes]:
+        """The package's files beside the graphs and their data, by name: the configs, the
+        MTP head's genai overlay when there is one, the files copied from the source."""
+        aux = {
+            GENAI_CONFIG_FILE: json.dumps(self.genai_config(), indent=2).encode(),
+            CONFIG_FILE: json.dumps(self.config_json or self.config.to_dict(), indent=2).encode(),
+        }
+        mtp_file = self._genai_mtp_file()
+        if mtp_file is not None:
+            overlay = mtp_head_overlay(self.config, mtp_file)
+            aux[GENAI_MTP_OVERLAY_FILE] = json.dumps(overlay, indent=2).encode()
+        for name, extra in self.extra_files.items():
+            aux[name] = extra.read_bytes() if isinstance(extra, Path) else extra
+        return aux
+
+    def _genai_mtp_file(self) -> str | None:
+        """mtp.onnx when onnxruntime-genai's MtpGenerator can be pointed at it: a text package
+        (token ids in) with the head."""
+        roles = {g.role for g in self.graphs}
+        if GraphRole.MTP in roles and GraphRole.EMBEDDING not in roles:
+            return GraphRole.MTP.file_name
+        return None
 
     def save(
         self,
@@ -156,14 +183,7 @@ class ModelPackage:
                     "intact checkpoint (re-download it), or pass --allow-nonfinite "
                     "(allow_nonfinite=True) to export it anyway; nothing was written"
                 )
-            aux = {
-                GENAI_CONFIG_FILE: json.dumps(self.genai_config(), indent=2).encode(),
-                CONFIG_FILE: json.dumps(
-                    self.config_json or self.config.to_dict(), indent=2
-                ).encode(),
-            }
-            for name, extra in self.extra_files.items():
-                aux[name] = extra.read_bytes() if isinstance(extra, Path) else extra
+            aux = self._aux_files()
             for name, data in aux.items():
                 _write_new_file(stage / name, data)
             manifest = build_manifest(

@@ -1,4 +1,5 @@
-"""The decoder model types (nemotron_h, nemotron_h_puzzle) and the reader of their configs.
+"""The decoder model types (nemotron_h, nemotron_h_puzzle, transformers' split
+nemotron_h_dense / nemotron_h_sparse) and the reader of their configs.
 
 A decoder config names its model_type, or (inside an Omni config) may leave it out: it is
 then the first decoder type that recognises it, plain Nemotron-H otherwise.
@@ -12,6 +13,7 @@ from typing import Any
 
 from mobius_lite.configs.model_type import ModelType
 from mobius_lite.configs.nemotron_h import NemotronHConfig
+from mobius_lite.configs.nemotron_h_split import NemotronHDenseConfig, NemotronHSparseConfig
 from mobius_lite.configs.puzzle import PUZZLE_MODEL_TYPE, NemotronHPuzzleConfig
 from mobius_lite.enums import Task
 from mobius_lite.errors import ConfigError
@@ -34,8 +36,30 @@ NEMOTRON_H_PUZZLE = ModelType(
     reference_name="puzzle",
     recognizes=lambda raw: "block_configs" in raw,
 )
+# transformers' split types: NemotronHConfig's fields; transformers releases that have no
+# such model_type are given the config as nemotron_h (the same modules and names).
+SPLIT_REFERENCE = "mobius_lite.evaluation.reference:split_transformers_reference"
+NEMOTRON_H_DENSE = ModelType(
+    name=NemotronHDenseConfig.model_type,
+    read_config=NemotronHDenseConfig.from_dict,
+    task=Task.TEXT_GENERATION,
+    reference=SPLIT_REFERENCE,
+    reference_name="transformers",
+)
+NEMOTRON_H_SPARSE = ModelType(
+    name=NemotronHSparseConfig.model_type,
+    read_config=NemotronHSparseConfig.from_dict,
+    task=Task.TEXT_GENERATION,
+    reference=SPLIT_REFERENCE,
+    reference_name="transformers",
+)
 # In the order a config without model_type is tried; the last is the default.
-DECODER_TYPES: tuple[ModelType, ...] = (NEMOTRON_H_PUZZLE, NEMOTRON_H)
+DECODER_TYPES: tuple[ModelType, ...] = (
+    NEMOTRON_H_PUZZLE,
+    NEMOTRON_H_DENSE,
+    NEMOTRON_H_SPARSE,
+    NEMOTRON_H,
+)
 SUPPORTED_MODEL_TYPES = tuple(t.name for t in reversed(DECODER_TYPES))
 
 

@@ -130,9 +130,14 @@ class NemotronHConfig:
     topk_group: int = 1
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
-    # multi-token prediction head: its own graph (mtp.onnx) when the checkpoint holds it
+    # multi-token prediction head: its own graph (mtp.onnx) when the checkpoint holds it.
+    # num_nextn_predict_layers is the head's depth: the chained drafts it was trained for.
     num_nextn_predict_layers: int = 0
     mtp_layers_block_type: tuple[LayerKind, ...] = (LayerKind.ATTENTION, LayerKind.MOE)
+    # Megatron's name: True / None, the weights hold one depth (mtp_layers_block_type's
+    # blocks) that every chained draft repeats (Nemotron 3.5 Lightning, 3 Super / Ultra);
+    # False, they hold num_nextn_predict_layers distinct depths, chained in order.
+    mtp_use_repeated_layer: bool | None = None
     model_type: str = "nemotron_h"
     layers: tuple[LayerSpec, ...] = field(init=False, repr=False, compare=False)
     # The head's blocks (mtp.layers.{i}), empty without a head; see mtp_layer_spec.
@@ -192,13 +197,19 @@ class NemotronHConfig:
         self._validate_mtp()
 
     def _validate_mtp(self) -> None:
-        """One head of attention / MoE blocks, as vLLM's NemotronHMTP runs it."""
-        if self.num_nextn_predict_layers not in (0, 1):
+        """A head of attention / MoE blocks, as vLLM's NemotronHMTP runs it, of depth
+        num_nextn_predict_layers (one depth repeated, or that many distinct ones)."""
+        depth = self.num_nextn_predict_layers
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
             raise ConfigError(
-                f"num_nextn_predict_layers={self.num_nextn_predict_layers!r}: only 0 or 1 "
-                "multi-token-prediction head is supported"
+                f"num_nextn_predict_layers={depth!r}: expected the head's depth, an integer "
+                ">= 0 (0: no multi-token-prediction head)"
             )
-        if not self.num_nextn_predict_layers:
+        if self.mtp_use_repeated_layer not in (None, True, False):
+            raise ConfigError(
+                f"mtp_use_repeated_layer={self.mtp_use_repeated_layer!r}: expected true or false"
+            )
+        if not depth:
             return
         kinds = self.mtp_layers_block_type
         if not kinds or any(k not in (LayerKind.ATTENTION, LayerKind.MOE) for k in kinds):
@@ -286,11 +297,19 @@ class NemotronHConfig:
             self._validate_moe(spec, where)
         return LayerSpec(index=index, kind=kind, mixer=spec)
 
-    def resolve_mtp_layers(self) -> tuple[LayerSpec, ...]:
-        """The head's blocks, or () when the config declares no head."""
+    @property
+    def mtp_depths(self) -> int:
+        """How many distinct depths the head's weights hold: 1 (repeated by every chained
+        draft) unless mtp_use_repeated_layer is false; 0 without a head."""
         if not self.num_nextn_predict_layers:
-            return ()
-        return tuple(self.mtp_layer_spec(i, k) for i, k in enumerate(self.mtp_layers_block_type))
+            return 0
+        return 1 if self.mtp_use_repeated_layer is not False else self.num_nextn_predict_layers
+
+    def resolve_mtp_layers(self) -> tuple[LayerSpec, ...]:
+        """The head's blocks (mtp.layers.{i}: each depth's blocks in turn), or () when the
+        config declares no head."""
+        kinds = self.mtp_layers_block_type * self.mtp_depths
+        return tuple(self.mtp_layer_spec(i, k) for i, k in enumerate(kinds))
 
     def mtp_layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
         """Resolve the head's block `index` (mtp.layers.{index}): the global sizes, with
@@ -423,6 +442,8 @@ class NemotronHConfig:
             value = getattr(self, f.name)
             if f.name in ("layers_block_type", "mtp_layers_block_type"):
                 value = [spelled[k] for k in value]
+            elif f.name == "mtp_use_repeated_layer" and value is None:
+                continue  # unset: the config.json of a checkpoint that does not say
             elif f.name == "time_step_limit":
                 value = [encode_float(v) for v in value]
             elif isinstance(value, tuple):

@@ -182,7 +182,7 @@ class NemotronHPuzzleConfig(NemotronHConfig):
 
     def mtp_layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
         """The head's block `index` with its mtp_block_configs overrides."""
-        block = self.mtp_block_configs[index]
+        block = self.mtp_block_configs[index % len(self.mtp_block_configs)]  # depth d's copy
         return super().mtp_layer_spec(index, kind, **{**dict(block.overrides), **overrides})
 
     # ----------------------------------------------------------------- reading

@@ -5,8 +5,10 @@ At position t: e = RMSNorm_enorm(embed(token t+1)), h = RMSNorm_hnorm(hidden t),
 x = eh_proj([e, h]); x += Attention(RMSNorm(x)) (causal over the head's cache, no positional
 embedding); x += MoE(RMSNorm(x)) (transformers' NemotronHMoE, the backbone's semantics);
 mtp_hidden = RMSNorm_final(x), logits = lm_head(mtp_hidden). Tensors are read by name with
-safetensors (the mtp.* ones and the shared embedding table and lm_head), never from the
-package. Requires the `reference` extra (torch, transformers).
+safetensors (the mtp.* ones, also found as model.mtp.*, and the shared embedding table and
+lm_head), never from the package. The head is one depth, which chained drafts repeat
+(Nemotron 3.5 Lightning's depth 2, Super / Ultra's latent MoE: transformers' NemotronHMoE with
+fc1 / fc2 latent projections). Requires the `reference` extra (torch, transformers).
 """
 
 from __future__ import annotations
@@ -80,15 +82,28 @@ class MtpReference:
         text = raw.get("text_config") or raw.get("llm_config") or raw
         where = _tensor_files(checkpoint)
         prefix = OMNI_PREFIX if any(n.startswith(OMNI_PREFIX + "mtp.") for n in where) else ""
-        mtp = sorted(n for n in where if n.startswith(prefix + "mtp."))
+        # the head's own names: mtp.*, or model.mtp.* (transformers-layout checkpoints)
+        head_prefix = next(
+            (
+                p
+                for p in (prefix, prefix + "model.")
+                if any(n.startswith(p + "mtp.") for n in where)
+            ),
+            prefix,
+        )
+        mtp = sorted(n for n in where if n.startswith(head_prefix + "mtp."))
         if not mtp:
             raise ConfigError(f"{checkpoint} has no mtp.* tensors: the model has no MTP head")
+        _check_one_depth(mtp, head_prefix)
         embed = next((prefix + n for n in EMBEDDINGS if prefix + n in where), None)
         head = prefix + "lm_head.weight" if prefix + "lm_head.weight" in where else embed
         if embed is None or head is None:
             raise ConfigError(f"{checkpoint} has no embedding table for the head")
         t = _read(where, [*mtp, embed, head])
-        t = {name.removeprefix(prefix): value for name, value in t.items()}
+        t = {
+            name.removeprefix(head_prefix if name.startswith(head_prefix + "mtp.") else prefix): v
+            for name, v in t.items()
+        }
         self.embed, self.lm_head = t.pop(embed.removeprefix(prefix)), t[head.removeprefix(prefix)]
         self.t = t
         self.eps = float(text.get("layer_norm_epsilon", text.get("rms_norm_eps", 1e-5)))
@@ -210,6 +225,17 @@ class MtpReference:
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, -1)
         y = out @ t[f"{p}o_proj.weight"].T
         return y + t[f"{p}o_proj.bias"] if f"{p}o_proj.bias" in t else y
+
+
+def _check_one_depth(names: list[str], prefix: str) -> None:
+    """The reference computes one depth of "*E" (attention block 0, MoE block 1), the depth
+    every chained draft repeats; a head whose weights hold other blocks is refused."""
+    blocks = sorted({int(n[len(prefix) :].split(".")[2]) for n in names if ".layers." in n})
+    if blocks != [0, 1]:
+        raise ConfigError(
+            f"the head's weights hold blocks mtp.layers.{blocks}: the reference computes one "
+            "depth of an attention block and a MoE block (mtp.layers.0-1)"
+        )
 
 
 def head_block(text: dict, kind: str) -> dict:

@@ -8,6 +8,7 @@ changed. Requires the `reference` extra (torch, transformers).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,6 +106,30 @@ def transformers_reference(source: Path) -> Any:
         attn_implementation="eager",
         experts_implementation="eager",
     )
+
+
+def split_transformers_reference(source: Path) -> Any:
+    """A nemotron_h_dense / nemotron_h_sparse checkpoint in transformers: by its own model
+    type where the installed transformers has it, else as nemotron_h, whose config fields,
+    modules and tensor names those types share (their configs drop only the MTP fields,
+    which transformers does not model): the checkpoint's files seen through a folder whose
+    config.json says nemotron_h."""
+    import tempfile
+
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(str(source))
+    except (KeyError, ValueError):  # this transformers has no such model_type
+        with tempfile.TemporaryDirectory(prefix="mobius-split-reference-") as view:
+            for file in Path(source).iterdir():
+                if file.name != "config.json":
+                    (Path(view) / file.name).symlink_to(file.resolve())
+            raw = json.loads((Path(source) / "config.json").read_text())
+            raw["model_type"] = "nemotron_h"
+            (Path(view) / "config.json").write_text(json.dumps(raw))
+            return transformers_reference(Path(view))
+    return transformers_reference(Path(source))
 
 
 def load_reference(source: str | Path, model_type: str) -> Any:

@@ -63,7 +63,8 @@ class MTPBlock(Block):
 
 
 class MTPModel(nn.Module):
-    """mtp.layers.{i}: the head's blocks in order."""
+    """mtp.layers.{i}: the head's blocks in order (one depth: mtp_layers_block_type's blocks,
+    the first fusing, the last with the final norm)."""
 
     def __init__(self, config: NemotronHConfig, ctx: BuildContext) -> None:
         super().__init__()
@@ -107,6 +108,12 @@ class NemotronHMTPForCausalLM(nn.Module):
             raise ConfigError(
                 "the config declares no multi-token-prediction head (num_nextn_predict_layers "
                 "is 0, or a Puzzle config without mtp_block_configs): there is no mtp graph"
+            )
+        if config.mtp_depths > 1:
+            raise ConfigError(
+                f"the head has {config.mtp_depths} distinct depths (mtp_use_repeated_layer "
+                "false): chaining distinct depths in one exported head is not supported; "
+                "heads whose one depth every draft repeats are (mtp_use_repeated_layer true)"
             )
         self.config = config
         self.backbone = _SharedEmbeddings(config, ctx)

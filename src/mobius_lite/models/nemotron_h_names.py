@@ -2,7 +2,8 @@
 which of their tensors the decoder deliberately does not use.
 
 Parameter names are the released checkpoint names (`backbone.` prefix). The one rename table:
-- prefix: a source may use `model.` instead of `backbone.` (transformers in memory, Puzzle);
+- prefix: a source may use `model.` instead of `backbone.` (transformers in memory, Puzzle,
+  Nemotron 3.5 Lightning), and may hold the head's `mtp.` tensors under `model.mtp.`;
 - stacked experts: the graph's `...experts.up_proj` / `...experts.down_proj` ([E, out, in])
   come from a tensor of that name or from the released per-expert tensors
   `...experts.{e}.up_proj.weight`, stacked in expert order.
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.errors import ConfigError
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, as_ref
 
@@ -27,17 +29,28 @@ LM_HEAD_WEIGHT = "lm_head.weight"
 STACKED_EXPERTS = re.compile(
     r"^(?P<prefix>.*\.experts)\.(?P<proj>up_proj|down_proj)(?P<suffix>_[a-z0-9_]+)?$"
 )
-MTP_TENSORS = r"^mtp\."
+MTP_PREFIX = "mtp."
+MTP_TENSORS = r"^(model\.)?mtp\."
+# The head's block index in a source name (mtp.layers.{i}. or model.mtp.layers.{i}.)
+MTP_BLOCK = re.compile(r"^(?:model\.)?mtp\.layers\.(\d+)\.")
 # The head's fusion projection: a source holds the MTP head when it holds this tensor.
 MTP_FUSION_WEIGHT = "mtp.layers.0.eh_proj.weight"
 
 
 def source_candidates(name: str) -> list[str]:
-    """The names a source may give a `backbone.`-prefixed graph name (others: unchanged)."""
+    """The names a source may give a `backbone.`- or `mtp.`-prefixed graph name (others:
+    unchanged)."""
     if name.startswith(GRAPH_PREFIX):
         rest = name[len(GRAPH_PREFIX) :]
         return [p + rest for p in SOURCE_PREFIXES]
+    if name.startswith(MTP_PREFIX):
+        return [name, "model." + name]
     return [name]
+
+
+def mtp_blocks_in(source: TensorSource) -> list[int]:
+    """The head's block indices the source holds tensors of (mtp.layers.{i}), sorted."""
+    return sorted({int(m[1]) for n in source.names() if (m := MTP_BLOCK.match(n))})
 
 
 def expert_names(prefix: str, proj: str, experts: int, suffix: str = "") -> list[str]:
@@ -57,6 +70,31 @@ class SafetensorsNames:
                 names = expert_names(prefix, stacked["proj"], shape[0], stacked["suffix"] or "")
                 out.append(tuple(names))
         return out
+
+
+def check_head_depths(config: NemotronHConfig, source: TensorSource) -> None:
+    """The head's weights hold the blocks the config resolves (one depth repeated by every
+    chained draft, or num_nextn_predict_layers distinct depths): one ConfigError naming both
+    otherwise, from the tensor names alone. A source naming the head otherwise (GGUF's
+    nextn block) is left to its name map."""
+    held = mtp_blocks_in(source)
+    expected = list(range(len(config.mtp_layers)))
+    if not held or held == expected:
+        return
+    per_depth = len(config.mtp_layers_block_type)
+    pattern = "".join(k.pattern_char for k in config.mtp_layers_block_type)
+    depths, rest = divmod(len(held), per_depth)
+    found = f"blocks mtp.layers.{held[0]}-{held[-1]}"
+    if not rest and held == list(range(len(held))) and depths > 1:
+        found += f": {depths} distinct depths of '{pattern}'"
+    raise ConfigError(
+        f"the checkpoint's multi-token-prediction head holds {found}, but its config "
+        f"(num_nextn_predict_layers={config.num_nextn_predict_layers}, "
+        f"mtp_use_repeated_layer={config.mtp_use_repeated_layer}) describes "
+        f"{config.mtp_depths} depth(s) of '{pattern}' ({len(expected)} blocks): the weights "
+        "and the config must agree, and only a head of one depth, which every chained draft "
+        "repeats, is exported"
+    )
 
 
 def unused_tensor_rules(config: NemotronHConfig, head_exported: bool = False) -> dict[str, str]:

@@ -9,6 +9,7 @@ from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.mtp import build_mtp
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
+    check_head_depths,
     logits_from_embeddings,
     unused_tensor_rules,
 )
@@ -42,6 +43,8 @@ def text_generation_graphs(
     """
     options = options or ExportOptions()
     head = config.has_mtp_head and layout.mtp_head_present(source)
+    if head:
+        check_head_depths(config, source)
     tied = logits_from_embeddings(config, layout.lm_head_present(source))
     ctx = options.build_context(source, layout.names, layout.mamba_a)
     rules = {
