@@ -98,11 +98,15 @@ def quantized_fused_experts(
     e = spec.n_routed_experts
     zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
     kernel_x = up.kernel_input(op, x)
+    # per-expert output scales (formats.weight.ScaledExperts) ride on the mixing weights
+    mixing = down.mixing_weights(
+        op, down_params, indices, up.mixing_weights(op, up_params, indices, weights)
+    )
     out = emit_qmoe(
         op,
         kernel_x,
         _scatter_rows(op, float("-inf"), e, indices, zeros),
-        _scatter_rows(op, 0.0, e, indices, weights),
+        _scatter_rows(op, 0.0, e, indices, mixing),
         up.operands(up_params),
         down.operands(down_params),
         k=spec.num_experts_per_tok,

@@ -103,6 +103,13 @@ class FusedExperts(WeightFormat, Protocol):
         one bit width and block size), or why the two cannot share one kernel (a sentence)."""
         ...
 
+    def mixing_weights(
+        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value, weights: ir.Value
+    ) -> ir.Value:
+        """The mixing weights [rows, k] of the selected experts `indices`, with the per-expert
+        factor this operand's products carry folded in (`weights` itself when none)."""
+        ...
+
 
 # (checkpoint name of a weight slot, its logical shape) -> its format, or None for dense
 WeightFormatResolver = Callable[[str, tuple[int, ...]], WeightFormat | None]
@@ -209,7 +216,110 @@ class OutputScaled:
         return self._to_dtype(op, op.Mul(rows, scale))
 
     def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name} weights have no exact MatMulNBits layout"
+        """The inner weight on its exact MatMulNBits layout, its output still scaled here."""
+        moved = self.inner.on_exact_layout(accuracy_level)
+        if isinstance(moved, str):
+            return moved
+        return OutputScaled(moved, self.dtype, self.stacked)
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return f"{self.name} experts have no QMoE layout"
+        """The inner experts as a QMoE operand, the scale folded into the mixing weights."""
+        moved = self.inner.on_fused_experts(kind, int8)
+        if isinstance(moved, str):
+            return moved
+        return ScaledExperts(moved, kind, self)
+
+
+# ReLU^2(s g) = s^2 ReLU^2(g) for s >= 0: how often a per-expert output scale of each QMoE
+# operand enters the expert's output (fc1 feeds the activation, fc2 is linear).
+SCALE_POWER = {"fc1": 2, "fc2": 1}
+
+
+@dataclass(frozen=True)
+class ScaledExperts:
+    """A QMoE operand (`inner`) whose experts' products are multiplied by a stored per-expert
+    FP32 scale s [E] (OutputScaled around stacked experts, e.g. GGUF NVFP4 `.scale` sidecars).
+
+    QMoE mixes the selected experts inside one node, so the scale cannot multiply each
+    expert's fc1 / fc2 output there. It is folded into the mixing weights instead, exactly in
+    real arithmetic: expert_e(x) = s2[e] * down_e relu(s1[e] * up_e x)^2 = s1[e]^2 * s2[e] *
+    down_e relu(up_e x)^2 for s1[e] >= 0. The converter's scales are ModelOpt's
+    weight_scale_2 = amax / (6 * 448) >= 0, so this holds for every file it writes; a negative
+    up scale (which no quantizer writes) would not be exact on this route (docs/gguf.md).
+    """
+
+    inner: FusedExperts
+    kind: str  # "fc1" or "fc2"
+    exact: WeightFormat  # the slot's OutputScaled format, should the layer fall back
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} x output scale"
+
+    @property
+    def bits(self) -> int:
+        return self.inner.bits
+
+    @property
+    def block_size(self) -> int:
+        return self.inner.block_size
+
+    @property
+    def stored_type(self) -> str:
+        return self.inner.stored_type
+
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        return {
+            **self.inner.parameters(shape),
+            OUTPUT_SCALE: nn.Parameter([shape[0]], dtype=FLOAT),
+        }
+
+    def _inner_params(self, params: dict[str, ir.Value]) -> dict[str, ir.Value]:
+        return {k: v for k, v in params.items() if k != OUTPUT_SCALE}
+
+    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name}: stacked experts, not a linear layer"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
+
+    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        return self.inner.operands(self._inner_params(params))
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
+        return self.inner.layer_byte_cost(_unscaled(down))
+
+    def layer_layout(self, down: FusedExperts) -> str:
+        return self.inner.layer_layout(_unscaled(down)) + "; output scales in the mixing weights"
+
+    def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        return self.inner.kernel_input(op, x)
+
+    def with_inner(self, inner: FusedExperts) -> ScaledExperts:
+        return self if inner is self.inner else ScaledExperts(inner, self.kind, self.exact)
+
+    def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
+        paired = self.inner.paired_with(_unscaled(down))
+        if isinstance(paired, str):
+            return paired
+        up, fc2 = paired
+        return self.with_inner(up), down.with_inner(fc2) if isinstance(down, ScaledExperts) else fc2
+
+    def mixing_weights(
+        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value, weights: ir.Value
+    ) -> ir.Value:
+        weights = self.inner.mixing_weights(op, self._inner_params(params), indices, weights)
+        gain = params[OUTPUT_SCALE]  # [E]; s * s is folded once (a constant expression)
+        if SCALE_POWER[self.kind] == 2:
+            gain = op.Mul(gain, gain)
+        return op.Mul(weights, op.Gather(gain, indices, axis=0))  # [rows, k]
+
+
+def _unscaled(operand: FusedExperts) -> FusedExperts:
+    return operand.inner if isinstance(operand, ScaledExperts) else operand

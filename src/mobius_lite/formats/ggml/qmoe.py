@@ -86,6 +86,11 @@ class InsideQMoE:
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
+    def mixing_weights(
+        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value, weights: ir.Value
+    ) -> ir.Value:
+        return weights  # no per-expert factor: the codes' scales are the whole value
+
 
 @dataclass(frozen=True)
 class QMoEExperts(InsideQMoE):
