@@ -436,7 +436,7 @@ def test_build_says_which_weights_stay_exact(tmp_path: Path, caplog) -> None:
     lines = [r.getMessage() for r in caplog.records]
     # attn_output's rows (32 values) cannot hold Q5_K blocks: the fixture writes them Q5_1
     assert any("Q5_1 has no exact MatMulNBits layout; kept on the exact route" in x for x in lines)
-    assert any("on QMoE" in x and "x the GGUF experts' bytes" in x for x in lines)
+    assert any("on QMoE" in x and "x the source experts' bytes" in x for x in lines)
     assert len(lines) == len(set(lines))  # each said once
 
 

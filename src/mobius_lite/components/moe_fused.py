@@ -98,17 +98,13 @@ def quantized_fused_experts(
     e = spec.n_routed_experts
     zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
     kernel_x = up.kernel_input(op, x)
-    # per-expert output scales (formats.weight.ScaledExperts) ride on the mixing weights
-    mixing = down.mixing_weights(
-        op, down_params, indices, up.mixing_weights(op, up_params, indices, weights)
-    )
     out = emit_qmoe(
         op,
         kernel_x,
         _scatter_rows(op, float("-inf"), e, indices, zeros),
-        _scatter_rows(op, 0.0, e, indices, mixing),
-        up.operands(up_params),
-        down.operands(down_params),
+        _scatter_rows(op, 0.0, e, indices, weights),
+        up.operands(op, up_params),
+        down.operands(op, down_params),
         k=spec.num_experts_per_tok,
         fc1_bits=up.bits,
         fc2_bits=down.bits,

@@ -81,8 +81,11 @@ class FusedExperts(WeightFormat, Protocol):
         """The slot's format on the exact route, should the layer fall back to it."""
         ...
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-        """(weights, scales, zero points or None): QMoE's fc1 / fc2 inputs."""
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """(weights, scales, zero points or None): QMoE's fc1 / fc2 inputs (the parameters
+        themselves, or a constant expression of them that onnxruntime folds once)."""
         ...
 
     def layer_byte_cost(self, down: FusedExperts) -> float:
@@ -101,13 +104,6 @@ class FusedExperts(WeightFormat, Protocol):
     def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
         """The layer's (fc1, fc2) operands for this fc1 and `down` (one kernel takes both, with
         one bit width and block size), or why the two cannot share one kernel (a sentence)."""
-        ...
-
-    def mixing_weights(
-        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value, weights: ir.Value
-    ) -> ir.Value:
-        """The mixing weights [rows, k] of the selected experts `indices`, with the per-expert
-        factor this operand's products carry folded in (`weights` itself when none)."""
         ...
 
 
@@ -223,16 +219,11 @@ class OutputScaled:
         return OutputScaled(moved, self.dtype, self.stacked)
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        """The inner experts as a QMoE operand, the scale folded into the mixing weights."""
+        """The inner experts as a QMoE operand, each expert's scale folded into its scales."""
         moved = self.inner.on_fused_experts(kind, int8)
         if isinstance(moved, str):
             return moved
         return ScaledExperts(moved, kind, self)
-
-
-# ReLU^2(s g) = s^2 ReLU^2(g) for s >= 0: how often a per-expert output scale of each QMoE
-# operand enters the expert's output (fc1 feeds the activation, fc2 is linear).
-SCALE_POWER = {"fc1": 2, "fc2": 1}
 
 
 @dataclass(frozen=True)
@@ -241,11 +232,14 @@ class ScaledExperts:
     FP32 scale s [E] (OutputScaled around stacked experts, e.g. GGUF NVFP4 `.scale` sidecars).
 
     QMoE mixes the selected experts inside one node, so the scale cannot multiply each
-    expert's fc1 / fc2 output there. It is folded into the mixing weights instead, exactly in
-    real arithmetic: expert_e(x) = s2[e] * down_e relu(s1[e] * up_e x)^2 = s1[e]^2 * s2[e] *
-    down_e relu(up_e x)^2 for s1[e] >= 0. The converter's scales are ModelOpt's
-    weight_scale_2 = amax / (6 * 448) >= 0, so this holds for every file it writes; a negative
-    up scale (which no quantizer writes) would not be exact on this route (docs/gguf.md).
+    expert's fc1 / fc2 output there. It multiplies the operand's block scales instead: every
+    value of expert e is (code - zero point) * scale, so scale * s[e] gives s[e] * W_e, whose
+    products are llama.cpp's (x W_e^T) * s[e] (any sign; one float32 rounding per block
+    scale). The product is a constant expression of two initializers, folded once when the
+    session is created; the package keeps the layout's scales and the `.scale` as they are.
+    (Folding s into the mixing weights instead fails: onnxruntime 1.32's CPU QMoE returned 0
+    for mixing weights of 1e-9 and was right at 1e-6, measured; ModelOpt's s1^2 * s2 is often
+    1e-9 or below.)
     """
 
     inner: FusedExperts
@@ -289,14 +283,18 @@ class ScaledExperts:
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-        return self.inner.operands(self._inner_params(params))
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        weights, scales, zero_points = self.inner.operands(op, self._inner_params(params))
+        per_expert = op.Reshape(params[OUTPUT_SCALE], op.Constant(value_ints=[-1, 1, 1]))
+        return weights, op.Mul(scales, per_expert), zero_points
 
     def layer_byte_cost(self, down: FusedExperts) -> float:
         return self.inner.layer_byte_cost(_unscaled(down))
 
     def layer_layout(self, down: FusedExperts) -> str:
-        return self.inner.layer_layout(_unscaled(down)) + "; output scales in the mixing weights"
+        return self.inner.layer_layout(_unscaled(down)) + "; output scales in the block scales"
 
     def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         return self.inner.kernel_input(op, x)
@@ -310,15 +308,6 @@ class ScaledExperts:
             return paired
         up, fc2 = paired
         return self.with_inner(up), down.with_inner(fc2) if isinstance(down, ScaledExperts) else fc2
-
-    def mixing_weights(
-        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value, weights: ir.Value
-    ) -> ir.Value:
-        weights = self.inner.mixing_weights(op, self._inner_params(params), indices, weights)
-        gain = params[OUTPUT_SCALE]  # [E]; s * s is folded once (a constant expression)
-        if SCALE_POWER[self.kind] == 2:
-            gain = op.Mul(gain, gain)
-        return op.Mul(weights, op.Gather(gain, indices, axis=0))  # [rows, k]
 
 
 def _unscaled(operand: FusedExperts) -> FusedExperts:

@@ -86,11 +86,6 @@ class InsideQMoE:
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
-    def mixing_weights(
-        self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value, weights: ir.Value
-    ) -> ir.Value:
-        return weights  # no per-expert factor: the codes' scales are the whole value
-
 
 @dataclass(frozen=True)
 class QMoEExperts(InsideQMoE):
@@ -124,7 +119,8 @@ class QMoEExperts(InsideQMoE):
         return self.type.name
 
     def layer_byte_cost(self, down: FusedExperts) -> float:
-        """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes."""
+        """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes
+        (the build's line calls them the source experts' bytes)."""
         return experts_byte_cost(self.type.name, down.stored_type)
 
     def layer_layout(self, down: FusedExperts) -> str:
@@ -151,7 +147,9 @@ class QMoEExperts(InsideQMoE):
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return exact_layout_parameters(self.type.name, self.kind, shape)
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         """(weights, scales, zero points or None) for QMoE's fc1 / fc2 inputs."""
         parts = {p: params[part_suffix(self.kind, p)] for p in layout_parts(self.type.name)}
         return parts["b"], parts["scales"], parts.get("zero_points")
@@ -198,7 +196,9 @@ class MinTermExperts(InsideQMoE):
             for p, s in self._shapes(shape).items()
         }
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         kind = self.plan.kind(self.kind)
         zero_points = params.get(part_suffix(kind, "zero_points"))
         return params[part_suffix(kind, "b")], params[part_suffix(kind, "scales")], zero_points
