@@ -310,3 +310,76 @@ def test_fp4_build_keeps_nothing_on_the_exact_route(tmp_path: Path, caplog) -> N
     assert "experts (NVFP4 / NVFP4) on QMoE" in said
     assert "output scales in the block scales" in said
     assert "kept on the exact" not in said, said
+
+
+# ----------------------------------------------------------------------------- kernel facts
+def _native_fp4_qmoe(quant: str, block: int, rng: np.random.Generator):
+    """One CPU QMoE node of quant_type `quant` (E2M1 bytes [E, N, K/2], float32 block scales,
+    per-expert global scales), identity activation, one expert per row -> (output, the expert
+    each row took, codes and scales of fc1 / fc2, global scales)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    e, h, i, rows = 2, 64, 32, 4
+    w1 = rng.integers(0, 256, (e, i, h // 2), dtype=np.uint8)
+    w2 = rng.integers(0, 256, (e, h, i // 2), dtype=np.uint8)
+    s1 = (2.0 ** rng.integers(-3, 2, (e, i, h // block))).astype(np.float32)
+    s2 = (2.0 ** rng.integers(-3, 2, (e, h, i // block))).astype(np.float32)
+    g1, g2 = np.array([0.5, 2.0], np.float32), np.array([1.0, 0.25], np.float32)
+    arrays = {"w1": w1, "w2": w2, "s1": s1, "s2": s2, "g1": g1, "g2": g2}
+    inits = [numpy_helper.from_array(a, n) for n, a in arrays.items()]
+    inputs = ["x", "p", "w1", "s1", "", "w2", "s2", *[""] * 7, "rw", "g1", "g2"]
+    node = helper.make_node(
+        "QMoE",
+        inputs,
+        ["y"],
+        domain="com.microsoft",
+        k=1,
+        quant_type=quant,
+        activation_type="identity",
+        expert_weight_bits=4,
+        block_size=block,
+        normalize_routing_weights=0,
+    )
+    io = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [rows, d])
+        for n, d in (("x", h), ("p", e), ("rw", e))
+    ]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    graph = helper.make_graph([node], "g", io, out, inits)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((rows, h)).astype(np.float32)
+    chosen = np.arange(rows) % e
+    p = np.eye(e, dtype=np.float32)[chosen]
+    (y,) = session.run(None, {"x": x, "p": p, "rw": np.ones((rows, e), np.float32)})
+    return y, x, chosen, arrays
+
+
+def _blockwise(codes: np.ndarray, scales: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Codes [E, N, K/2] (element 2j low nibble, 2j + 1 high) through `table`, times the
+    block scales [E, N, K / block]."""
+    values = table[np.stack([codes & 15, codes >> 4], -1).reshape(*codes.shape[:-1], -1)]
+    block = values.shape[-1] // scales.shape[-1]
+    return (values.reshape(*scales.shape, block) * scales[..., None]).reshape(values.shape)
+
+
+@pytest.mark.parametrize(("quant", "block"), [("nvfp4", 16), ("fp4", 32)])
+def test_cpu_qmoe_reads_fp4_quant_types_as_int4(quant: str, block: int) -> None:
+    """onnxruntime 1.32's CPU QMoE accepts quant_type nvfp4 / fp4 but computes the codes as
+    int4 ((nibble - 8) * block scale) and ignores the global scales: why the FP4 experts use
+    the exact 8-bit layouts instead (docs/gguf.md). If this fails, the kernel changed."""
+    y, x, chosen, a = _native_fp4_qmoe(quant, block, np.random.default_rng(1))
+    int4 = np.arange(16, dtype=np.float64) - 8
+    fp4 = e2m1(np.arange(16))
+
+    def expected(table: np.ndarray, global_scales: bool) -> np.ndarray:
+        w1, w2 = _blockwise(a["w1"], a["s1"], table), _blockwise(a["w2"], a["s2"], table)
+        if global_scales:
+            w1, w2 = w1 * a["g1"][:, None, None], w2 * a["g2"][:, None, None]
+        return np.stack([w2[e] @ (w1[e] @ x[r]) for r, e in enumerate(chosen)])
+
+    assert compare("int4", y, expected(int4, False)).nrmse < 1e-5
+    assert compare("e2m1", y, expected(fp4, True)).nrmse > 0.5
