@@ -236,3 +236,16 @@ def test_modelopt_nvfp4_matmulnbits_at_accuracy_0_is_exact(
         for ours, reference in zip(fused_steps, steps, strict=True):
             result = compare("logits", ours, reference)
             assert result.passes(FP32_NRMSE, FP32_COSINE), result
+
+
+def test_onnxruntime_genai_runs_the_modelopt_int8_package(
+    modelopt_packages: dict[str, Any],
+) -> None:
+    """onnxruntime-genai folds the 8-bit operands at session creation too: its greedy tokens
+    are DecoderSession's."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from test_genai import genai_generate
+
+    prompt = [5, 17, 42, 3, 8, 21]
+    tokens, _ = _greedy(modelopt_packages["int8"], prompt)
+    assert genai_generate(modelopt_packages["int8"], prompt, len(tokens)) == tokens
