@@ -20,13 +20,13 @@ MatMulNBits layout of linear layers moves most of it into a per-block zero point
 round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (nbits_layout.py,
 center_mins): the same float32 values, at the same bytes (Q4_K's zero points are stored
 anyway), and int8 activations then err as llama.cpp's do. IQ2_XXS's g
-is a grid value (8, 25 or 43) with its sign. MXFP4's and NVFP4's code is the E2M1 value doubled, an
-integer in [-12, 12] (ggml's kvalues_mxfp4), under the block's E8M0 half-scale (one per 32)
-or UE4M3 half-scale (one per 16 of a 64-element superblock); ggml decodes them as exactly
-this product. Their `.scale` sidecar (a per-tensor / per-expert output scale) stays outside
-the layout (formats/weight.py, OutputScaled). Other types have no exact form here: their
-values are not one integer code times one scale per power-of-two block (Q5_K, Q3_K, IQ3,
-IQ4: codebooks or two-level scales whose product is not a block scale).
+is a grid value (8, 25 or 43) with its sign. MXFP4's and NVFP4's code is the E2M1 value
+doubled, an integer in [-12, 12] (ggml's kvalues_mxfp4), under the block's E8M0 half-scale
+(one per 32) or UE4M3 half-scale (one per 16 of a 64-element superblock); ggml decodes them
+as exactly this product. Their `.scale` sidecar (a per-tensor / per-expert output scale)
+stays outside the layout (formats/weight.py, OutputScaled). Other types have no exact form
+here: their values are not one integer code times one scale per power-of-two block (Q5_K,
+Q3_K, IQ3, IQ4: codebooks or two-level scales whose product is not a block scale).
 """
 
 from __future__ import annotations

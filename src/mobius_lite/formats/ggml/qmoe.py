@@ -4,11 +4,12 @@ QMoE computes every selected expert as fc2(act(fc1(x))) over block-wise 4- or 8-
 (code - zero_point) * scale per block along K, uint8 zero points, float32 scales. The exact
 code layouts (exact_codes.py) without a min term fit it as they are: Q4_0 (4 bits), Q8_0,
 Q6_K, IQ2_XXS, MXFP4 and NVFP4 (8 bits). Per-expert `.scale` sidecars multiply each expert's
-block scales (formats/weight.py, ScaledExperts). The up projection is fc1 in SwiGLU's fused, interleaved form,
-every row given twice (1.5x the experts' bytes; components/moe_fused.py says why ReLU^2 comes
-out exactly). A layer with Q4_K experts takes the min-term layouts of qmoe_mins.py instead
-(`MinTermExperts`: the input's block sums appended for Q4_K up, the intermediate doubled or
-tripled for Q4_K down), chosen for both slots together (`QMoEExperts.paired_with`).
+block scales (formats/weight.py, ScaledExperts). The up projection is fc1 in SwiGLU's fused,
+interleaved form, every row given twice (1.5x the experts' bytes; components/moe_fused.py
+says why ReLU^2 comes out exactly). A layer with Q4_K experts takes the min-term layouts of
+qmoe_mins.py instead (`MinTermExperts`: the input's block sums appended for Q4_K up, the
+intermediate doubled or tripled for Q4_K down), chosen for both slots together
+(`QMoEExperts.paired_with`).
 
 Kernel facts (onnxruntime 1.32 CPU, its schema and tests/test_cpu_fast_routes.py): 4-bit
 experts keep float32 activations at accuracy 0 and 1, int8 at 4; 8-bit experts have no float32
