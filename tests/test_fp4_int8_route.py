@@ -11,8 +11,10 @@ exact route's package of the same file.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +297,23 @@ def test_fp4_file_on_the_int8_route(fp4_packages: dict[str, Any], tmp_path: Path
     linears = _exact_linears(fp4_packages["gguf"])
     assert linears > 0 and counts.get("MatMulNBits", 0) == linears, counts
     assert_tokens_agree_or_near_tie(int8, fp4_packages["exact"])
-    assert main(["verify", str(int8), "--source", str(fp4_packages["gguf"]), "--quiet"]) == 0
+    gguf = str(fp4_packages["gguf"])
+    assert main(["verify", str(int8), "--source", gguf, "--quiet"]) == 0
+    # one flipped code byte of a re-laid QMoE fc1 part is a mismatch
+    package = tmp_path / "tampered"
+    shutil.copytree(int8, package)
+    manifest = json.loads((package / "manifest.json").read_text())
+    name, entry = next(
+        (n, e)
+        for n, e in manifest["graphs"]["decoder"]["initializers"].items()
+        if n.endswith(part_suffix(FC1_KIND, "b"))
+    )
+    with open(package / entry["file"], "r+b") as handle:
+        handle.seek(entry["offset"] + 5)
+        value = handle.read(1)[0]
+        handle.seek(entry["offset"] + 5)
+        handle.write(bytes([value ^ 0x10]))
+    assert main(["verify", str(package), "--source", gguf, "--quiet"]) == 1
 
 
 def test_fp4_build_keeps_nothing_on_the_exact_route(tmp_path: Path, caplog) -> None:
