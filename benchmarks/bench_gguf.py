@@ -1,5 +1,7 @@
 r"""GGUF export benchmark (issue 10): the mid nemotron_h_moe model as F32, Q8_0, Q4_K_M and
-IQ2_XXS GGUF (and, with --types, llama.cpp's MXFP4_MOE / TQ1_0 / TQ2_0 / Q1_0 presets),
+IQ2_XXS GGUF (and, with --types, llama.cpp's MXFP4_MOE / TQ1_0 / TQ2_0 / Q1_0 presets, and
+NVFP4: every projection as the converter writes a ModelOpt NVFP4 checkpoint, with its `.scale`
+sidecars, Q8_0 elsewhere; issue 28 compares its int8 route with llama.cpp on the Q8_0 file),
 exported per weight route and run on onnxruntime CPU next to llama.cpp.
 
 One run:
@@ -146,12 +148,49 @@ def write_files(
         elif name == "IQ2_XXS":
             types = {r"\.weight$": "IQ2_XXS"}
             write_gguf(out, model, "nemotron_h_moe", types, tokenizer, special_tokens=special)
+        elif name == "NVFP4":
+            write_nvfp4(out, model, tokenizer, special)
         else:
             print(f"{name}: not written (needs llama.cpp's quantizer)", flush=True)
             continue
         files[name] = out
     del model
     return files
+
+
+# the projections llama.cpp's converter writes NVFP4 from a ModelOpt NVFP4 checkpoint
+NVFP4_WEIGHTS = r"(ssm_(in|out)|attn_(q|k|v|output)|ffn_(up|down)(_exps|_shexp)?)\.weight$"
+
+
+def write_nvfp4(out: Path, model: Any, tokenizer: Any, special: dict[str, int]) -> None:
+    """The NVFP4 file (module doc): ModelOpt's quantization of each projection whose rows hold
+    whole 64-element superblocks, repacked as the converter does, with its `.scale` ([E] for
+    stacked experts); Q8_0 for every other matrix."""
+    import re
+
+    from gguf_fixtures import converter_tensors, write_gguf
+    from gguf_nvfp4_fixtures import quantized_nvfp4
+
+    packed, sidecars = {}, {}
+    for name, values in converter_tensors(model, "nemotron_h_moe").items():
+        if not re.search(NVFP4_WEIGHTS, name) or values.shape[-1] % 64:
+            continue
+        stem = name.removesuffix(".weight")
+        parts = [quantized_nvfp4(v) for v in values.reshape(-1, *values.shape[-2:])]
+        rows = np.stack([p[0] for p in parts]).reshape(*values.shape[:-1], -1)
+        packed[name] = (rows, "NVFP4")
+        sidecars[stem + ".scale"] = np.array([p[1] for p in parts], np.float32)
+    types = {r"\.weight$": "Q8_0"}
+    write_gguf(
+        out,
+        model,
+        "nemotron_h_moe",
+        types,
+        tokenizer,
+        special_tokens=special,
+        packed=packed,
+        extra_tensors=sidecars,
+    )
 
 
 def gguf_facts(path: Path) -> dict[str, Any]:

@@ -56,6 +56,8 @@ LLAMACPP_ACTIVATION_QUANT = {
     "Q4_K": "q8_K",
     "Q6_K": "q8_K",
     "IQ2_XXS": "q8_K",
+    "MXFP4": "q8_0",
+    "NVFP4": "q8_0",
 }
 
 
@@ -221,7 +223,14 @@ def test_qmoe_4bit_accuracy0_swiglu_form_is_relu2() -> None:
 
 @pytest.mark.parametrize(
     ("type_up", "type_down", "accuracy"),
-    [("Q4_0", "Q4_0", 4), ("Q8_0", "Q8_0", 0), ("IQ2_XXS", "IQ2_XXS", 0), ("Q6_K", "Q6_K", 4)],
+    [
+        ("Q4_0", "Q4_0", 4),
+        ("Q8_0", "Q8_0", 0),
+        ("IQ2_XXS", "IQ2_XXS", 0),
+        ("Q6_K", "Q6_K", 4),
+        ("MXFP4", "MXFP4", 4),
+        ("NVFP4", "NVFP4", 4),
+    ],
 )
 def test_qmoe_int8_error_is_at_most_llamacpps(type_up: str, type_down: str, accuracy: int) -> None:
     """8-bit experts use int8 activations at every accuracy level (the schema); 4-bit at 4."""
@@ -235,7 +244,7 @@ def test_qmoe_int8_error_is_at_most_llamacpps(type_up: str, type_down: str, accu
     assert ours.nrmse > 1e-5  # int8 activations really were used (not an exact path)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "MXFP4", "NVFP4"])
 def test_matmulnbits_int8_error_is_at_most_llamacpps(type_name: str) -> None:
     rng = np.random.default_rng(3)
     n, k, m = 64, 1024, 16
@@ -427,7 +436,7 @@ def test_build_says_which_weights_stay_exact(tmp_path: Path, caplog) -> None:
     lines = [r.getMessage() for r in caplog.records]
     # attn_output's rows (32 values) cannot hold Q5_K blocks: the fixture writes them Q5_1
     assert any("Q5_1 has no exact MatMulNBits layout; kept on the exact route" in x for x in lines)
-    assert any("on QMoE" in x and "x the GGUF experts' bytes" in x for x in lines)
+    assert any("on QMoE" in x and "x the source experts' bytes" in x for x in lines)
     assert len(lines) == len(set(lines))  # each said once
 
 

@@ -452,5 +452,14 @@ def test_weight_formats_parameters_and_routes() -> None:
     }
     kernel = storage.nvfp4_codes((1,)).weight_format(f16, Backend.ORT, (64, 32), False)
     assert kernel.kernel and kernel.parameters((64, 32))["_scale"].dtype == ir.DataType.UINT8
+    # f32 activations: the CUDA kernel is refused when the graph is built (before any tensor
+    # is read); under --activations a linear leaves the kernel first (on_exact_layout)
+    f32 = storage.fp8_weights(()).weight_format(ir.DataType.FLOAT, Backend.ORT, (64, 32), False)
+    weight = np.zeros((64, 32), ml_dtypes.float8_e4m3fn)
+
+    def emit(op, x, w, scale):
+        return f32.matmul(op, x, {"": w, "_scale": scale})
+
     with pytest.raises(RouteError, match="float16 or bfloat16"):
-        storage.fp8_weights(()).weight_format(ir.DataType.FLOAT, Backend.ORT, (64, 32), False)
+        run_emitter(emit, [np.zeros((1, 32), np.float32), weight, np.float32(1.0)])
+    assert not f32.on_exact_layout(4).kernel  # the fused CPU routes: the standard decode

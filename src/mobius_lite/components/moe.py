@@ -125,7 +125,7 @@ class Experts(WeightedModule):
             cost = up.layer_byte_cost(down)
             self.ctx.notice(
                 f"{self._mode}: experts ({up.stored_type} / {down.stored_type}) on QMoE, "
-                f"{up.layer_layout(down)}: {cost:.2f}x the GGUF experts' bytes"
+                f"{up.layer_layout(down)}: {cost:.2f}x the source experts' bytes"
             )
             return
         names = " / ".join(self.weight_format_of(a).name for a in EXPERT_SLOTS)

@@ -81,8 +81,11 @@ class FusedExperts(WeightFormat, Protocol):
         """The slot's format on the exact route, should the layer fall back to it."""
         ...
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-        """(weights, scales, zero points or None): QMoE's fc1 / fc2 inputs."""
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """(weights, scales, zero points or None): QMoE's fc1 / fc2 inputs (the parameters
+        themselves, or a constant expression of them that onnxruntime folds once)."""
         ...
 
     def layer_byte_cost(self, down: FusedExperts) -> float:
@@ -209,7 +212,103 @@ class OutputScaled:
         return self._to_dtype(op, op.Mul(rows, scale))
 
     def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name} weights have no exact MatMulNBits layout"
+        """The inner weight on its exact MatMulNBits layout, its output still scaled here."""
+        moved = self.inner.on_exact_layout(accuracy_level)
+        if isinstance(moved, str):
+            return moved
+        return OutputScaled(moved, self.dtype, self.stacked)
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return f"{self.name} experts have no QMoE layout"
+        """The inner experts as a QMoE operand, each expert's scale folded into its scales."""
+        moved = self.inner.on_fused_experts(kind, int8)
+        if isinstance(moved, str):
+            return moved
+        return ScaledExperts(moved, kind, self)
+
+
+@dataclass(frozen=True)
+class ScaledExperts:
+    """A QMoE operand (`inner`) whose experts' products are multiplied by a stored per-expert
+    FP32 scale s [E] (OutputScaled around stacked experts, e.g. GGUF NVFP4 `.scale` sidecars).
+
+    QMoE mixes the selected experts inside one node, so the scale cannot multiply each
+    expert's fc1 / fc2 output there. It multiplies the operand's block scales instead: every
+    value of expert e is (code - zero point) * scale, so scale * s[e] gives s[e] * W_e, whose
+    products are llama.cpp's (x W_e^T) * s[e] (any sign; one float32 rounding per block
+    scale). The product is a constant expression of two initializers, folded once when the
+    session is created; the package keeps the layout's scales and the `.scale` as they are.
+    (Folding s into the mixing weights instead fails: onnxruntime 1.32's CPU QMoE returned 0
+    for mixing weights of 1e-9 and was right at 1e-6, measured; ModelOpt's s1^2 * s2 is often
+    1e-9 or below.)
+    """
+
+    inner: FusedExperts
+    kind: str  # "fc1" or "fc2"
+    exact: WeightFormat  # the slot's OutputScaled format, should the layer fall back
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name} x output scale"
+
+    @property
+    def bits(self) -> int:
+        return self.inner.bits
+
+    @property
+    def block_size(self) -> int:
+        return self.inner.block_size
+
+    @property
+    def stored_type(self) -> str:
+        return self.inner.stored_type
+
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        return {
+            **self.inner.parameters(shape),
+            OUTPUT_SCALE: nn.Parameter([shape[0]], dtype=FLOAT),
+        }
+
+    def _inner_params(self, params: dict[str, ir.Value]) -> dict[str, ir.Value]:
+        return {k: v for k, v in params.items() if k != OUTPUT_SCALE}
+
+    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name}: stacked experts, not a linear layer"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
+
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        weights, scales, zero_points = self.inner.operands(op, self._inner_params(params))
+        per_expert = op.Reshape(params[OUTPUT_SCALE], op.Constant(value_ints=[-1, 1, 1]))
+        return weights, op.Mul(scales, per_expert), zero_points
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
+        return self.inner.layer_byte_cost(_unscaled(down))
+
+    def layer_layout(self, down: FusedExperts) -> str:
+        return self.inner.layer_layout(_unscaled(down)) + "; output scales in the block scales"
+
+    def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        return self.inner.kernel_input(op, x)
+
+    def with_inner(self, inner: FusedExperts) -> ScaledExperts:
+        return self if inner is self.inner else ScaledExperts(inner, self.kind, self.exact)
+
+    def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
+        paired = self.inner.paired_with(_unscaled(down))
+        if isinstance(paired, str):
+            return paired
+        up, fc2 = paired
+        return self.with_inner(up), down.with_inner(fc2) if isinstance(down, ScaledExperts) else fc2
+
+
+def _unscaled(operand: FusedExperts) -> FusedExperts:
+    return operand.inner if isinstance(operand, ScaledExperts) else operand

@@ -1,7 +1,7 @@
 """ggml blocks as integer codes with one scale (and one min) per sub-block, exactly.
 
 onnxruntime's block-wise kernels (MatMulNBits, QMoE) compute with (code - zero_point) * scale
-per block along K, the code an unsigned 4- or 8-bit integer. Five ggml types fit that form
+per block along K, the code an unsigned 4- or 8-bit integer. Seven ggml types fit that form
 without changing one decoded value (every product below is exact in float32, so
 (code - zero_point) * scale is the very float32 ggml's dequantize gives):
 
@@ -11,6 +11,8 @@ without changing one decoded value (every product below is exact in float32, so
 | Q4_K    | 4    | 32    | q             | 0          | d * sc            | dmin * m  |
 | Q6_K    | 8    | 16    | q + 96        | 128        | d * sc            | -         |
 | IQ2_XXS | 8    | 32    | 128 + g       | 128        | d * (0.5+ls) / 4  | -         |
+| MXFP4   | 8    | 32    | 128 + 2 e2m1  | 128        | 2^(e - 128)       | -         |
+| NVFP4   | 8    | 16    | 128 + 2 e2m1  | 128        | ue4m3(d) / 2      | -         |
 
 Q4_K's value is d*sc*q - dmin*m: the min is not a zero point (a block with sc = 0 still has
 one), so it stays a separate per-block term that the graph subtracts (nbits_matmul.py). The
@@ -18,9 +20,13 @@ MatMulNBits layout of linear layers moves most of it into a per-block zero point
 round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (nbits_layout.py,
 center_mins): the same float32 values, at the same bytes (Q4_K's zero points are stored
 anyway), and int8 activations then err as llama.cpp's do. IQ2_XXS's g
-is a grid value (8, 25 or 43) with its sign. Other types have no exact form here: their
-values are not one integer code times one scale per power-of-two block (Q5_K, Q3_K, IQ3,
-IQ4: codebooks or two-level scales whose product is not a block scale).
+is a grid value (8, 25 or 43) with its sign. MXFP4's and NVFP4's code is the E2M1 value
+doubled, an integer in [-12, 12] (ggml's kvalues_mxfp4), under the block's E8M0 half-scale
+(one per 32) or UE4M3 half-scale (one per 16 of a 64-element superblock); ggml decodes them
+as exactly this product. Their `.scale` sidecar (a per-tensor / per-expert output scale)
+stays outside the layout (formats/weight.py, OutputScaled). Other types have no exact form
+here: their values are not one integer code times one scale per power-of-two block (Q5_K,
+Q3_K, IQ3, IQ4: codebooks or two-level scales whose product is not a block scale).
 """
 
 from __future__ import annotations
@@ -29,10 +35,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mobius_lite.formats.ggml.blocks import as_blocks, as_int8, bit_fields, f16_at, le_uint
+from mobius_lite.formats.ggml.blocks import (
+    as_blocks,
+    as_int8,
+    bit_fields,
+    f16_at,
+    le_uint,
+    nibble_lookup,
+)
 from mobius_lite.formats.ggml.grids import IQ2XXS_GRID, KSIGNS_IQ2XS
 from mobius_lite.formats.ggml.kquants import _nibbles_256, _per16, _per32, _scale_min_k4
 from mobius_lite.formats.ggml.legacy import _nibbles
+from mobius_lite.formats.ggml.mxfp4 import E8M0_HALF, KVALUES_MXFP4
+from mobius_lite.formats.ggml.nvfp4 import UE4M3_HALF
 from mobius_lite.formats.ggml.types import GGML_TYPES
 
 
@@ -69,6 +84,8 @@ CODE_FORMS: dict[str, CodeForm] = {
     "Q4_K": CodeForm(4, 32, 0, has_mins=True),
     "Q6_K": CodeForm(8, 16, 128),
     "IQ2_XXS": CodeForm(8, 32, 128),
+    "MXFP4": CodeForm(8, 32, 128),
+    "NVFP4": CodeForm(8, 16, 128),
 }
 EXACT_CODE_TYPES: tuple[str, ...] = tuple(CODE_FORMS)
 
@@ -114,7 +131,32 @@ def _iq2_xxs(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
     return codes.reshape(*lead, 8, 32), scales, None
 
 
-_CODERS = {"Q4_0": _q4_0, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k, "IQ2_XXS": _iq2_xxs}
+# ggml's doubled E2M1 values as 8-bit codes around the zero point 128, by 4-bit code
+FP4_CODES = (KVALUES_MXFP4.astype(np.int16) + 128).astype(np.uint8)
+FP4_CODES.setflags(write=False)
+
+
+def _mxfp4(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """qs byte j: element j (low nibble), element j + 16 (high); scale 2^(e - 128)."""
+    return nibble_lookup(FP4_CODES, blocks[..., 1:17]), E8M0_HALF[blocks[..., 0]], None
+
+
+def _nvfp4(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """Group s of a superblock: qs[8 s + j] holds its element j (low) and j + 8 (high)."""
+    lead = blocks.shape[:-1]
+    codes = nibble_lookup(FP4_CODES, blocks[..., 4:36].reshape(*lead, 4, 8))  # [..., 4, 16]
+    return codes, UE4M3_HALF[blocks[..., 0:4]], None
+
+
+_CODERS = {
+    "Q4_0": _q4_0,
+    "Q8_0": _q8_0,
+    "Q4_K": _q4_k,
+    "Q6_K": _q6_k,
+    "IQ2_XXS": _iq2_xxs,
+    "MXFP4": _mxfp4,
+    "NVFP4": _nvfp4,
+}
 
 
 def exact_codes(type_name: str, data: np.ndarray) -> ExactCodes:

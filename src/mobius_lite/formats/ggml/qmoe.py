@@ -3,11 +3,13 @@
 QMoE computes every selected expert as fc2(act(fc1(x))) over block-wise 4- or 8-bit codes:
 (code - zero_point) * scale per block along K, uint8 zero points, float32 scales. The exact
 code layouts (exact_codes.py) without a min term fit it as they are: Q4_0 (4 bits), Q8_0,
-Q6_K and IQ2_XXS (8 bits). The up projection is fc1 in SwiGLU's fused, interleaved form,
-every row given twice (1.5x the experts' bytes; components/moe_fused.py says why ReLU^2 comes
-out exactly). A layer with Q4_K experts takes the min-term layouts of qmoe_mins.py instead
-(`MinTermExperts`: the input's block sums appended for Q4_K up, the intermediate doubled or
-tripled for Q4_K down), chosen for both slots together (`QMoEExperts.paired_with`).
+Q6_K, IQ2_XXS, MXFP4 and NVFP4 (8 bits). Per-expert `.scale` sidecars multiply each expert's
+block scales (formats/weight.py, ScaledExperts). The up projection is fc1 in SwiGLU's fused,
+interleaved form, every row given twice (1.5x the experts' bytes; components/moe_fused.py
+says why ReLU^2 comes out exactly). A layer with Q4_K experts takes the min-term layouts of
+qmoe_mins.py instead (`MinTermExperts`: the input's block sums appended for Q4_K up, the
+intermediate doubled or tripled for Q4_K down), chosen for both slots together
+(`QMoEExperts.paired_with`).
 
 Kernel facts (onnxruntime 1.32 CPU, its schema and tests/test_cpu_fast_routes.py): 4-bit
 experts keep float32 activations at accuracy 0 and 1, int8 at 4; 8-bit experts have no float32
@@ -119,7 +121,8 @@ class QMoEExperts(InsideQMoE):
         return self.type.name
 
     def layer_byte_cost(self, down: FusedExperts) -> float:
-        """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes."""
+        """This fc1 and `down` (fc2) together: package bytes over the GGUF experts' bytes
+        (the build's line calls them the source experts' bytes)."""
         return experts_byte_cost(self.type.name, down.stored_type)
 
     def layer_layout(self, down: FusedExperts) -> str:
@@ -146,7 +149,9 @@ class QMoEExperts(InsideQMoE):
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return exact_layout_parameters(self.type.name, self.kind, shape)
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         """(weights, scales, zero points or None) for QMoE's fc1 / fc2 inputs."""
         parts = {p: params[part_suffix(self.kind, p)] for p in layout_parts(self.type.name)}
         return parts["b"], parts["scales"], parts.get("zero_points")
@@ -193,7 +198,9 @@ class MinTermExperts(InsideQMoE):
             for p, s in self._shapes(shape).items()
         }
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         kind = self.plan.kind(self.kind)
         zero_points = params.get(part_suffix(kind, "zero_points"))
         return params[part_suffix(kind, "b")], params[part_suffix(kind, "scales")], zero_points

@@ -55,8 +55,8 @@ DECODE, MATMULNBITS, GATHER_PACKED, MATMUL_PACKED_ROUTE = (
     "gatherpacked",
     "matmulpacked",
 )
-# MatMulNBits on an exact code layout (exact_codes.py: Q4_0, Q8_0, Q4_K, Q6_K, IQ2_XXS) with
-# uint8 zero points, at the weight's accuracy level (0: f32 activations, 4: int8)
+# MatMulNBits on an exact code layout (exact_codes.py: Q4_0, Q8_0, Q4_K, Q6_K, IQ2_XXS, MXFP4,
+# NVFP4) with uint8 zero points, at the weight's accuracy level (0: f32 activations, 4: int8)
 NBITS_EXACT = "nbits-exact"
 
 

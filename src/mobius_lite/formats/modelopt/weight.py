@@ -9,13 +9,18 @@ activations with `input_scale`; this export does not (input_scale is recorded as
 
 Routes: standard ONNX ops (the "standard" backend; onnxruntime CPU today), or, for a single
 linear on the "ort" backend, onnxruntime's CUDA kernels MatMulBlockQuantizedFp4Weight /
-MatMulBlockQuantizedFp8Weight (16-bit activations only). Stacked experts always decode with
-standard ops, after gathering only the selected experts' packed bytes and scales.
+MatMulBlockQuantizedFp8Weight (16-bit activations only). Stacked experts decode with standard
+ops, after gathering only the selected experts' packed bytes and scales. Under
+`--activations exact-fused | int8` (f32, CPU) NVFP4 moves onto the 8-bit block-16 layout of
+nvfp4_nbits.py: MatMulNBits for a linear (`on_exact_layout`), QMoE for stacked experts
+(`on_fused_experts`, int8 only: QMoE has no f32 kernel for 8-bit experts). FP8 has no exact
+integer layout (an E4M3 value is not one 8-bit integer times a block scale); there its linears
+keep the standard decode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -23,7 +28,8 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.errors import RouteError
-from mobius_lite.formats.modelopt import fp8, nvfp4
+from mobius_lite.formats.contrib import typed
+from mobius_lite.formats.modelopt import fp8, nvfp4, nvfp4_nbits
 from mobius_lite.formats.weight import FusedExperts, WeightFormat, gemm_transposed
 
 FLOAT = ir.DataType.FLOAT
@@ -85,10 +91,6 @@ class _ModelOptWeight:
     stacked: bool = False
     kernel: bool = False
 
-    def __post_init__(self) -> None:
-        if self.kernel:
-            _check_kernel_dtype(self.dtype, self.KERNEL)
-
     @property
     def name(self) -> str:
         return f"{self.KIND} (ort)" if self.kernel else self.KIND
@@ -103,6 +105,9 @@ class _ModelOptWeight:
         if self.stacked:
             raise ValueError(f"stacked {self.KIND} weights compute through select(), not matmul()")
         if self.kernel:
+            # checked here, when the graph is built (before any tensor is read): under
+            # --activations (f32, CPU) a linear leaves the CUDA kernel first (on_exact_layout)
+            _check_kernel_dtype(self.dtype, self.KERNEL)
             y = self._kernel_matmul(op, x, params)
             return op.Add(y, bias) if bias is not None else y
         return _gemm(op, x, self._dense(op, params), bias, self.dtype)
@@ -132,6 +137,44 @@ class NVFP4Weight(_ModelOptWeight):
     KERNEL: ClassVar[str] = "MatMulBlockQuantizedFp4Weight"
 
     scale_2_shape: tuple[int, ...] = ()
+    # MatMulNBits' accuracy level on the 8-bit layout (nvfp4_nbits.py); None: not on it
+    nbits_accuracy: int | None = None
+
+    @property
+    def name(self) -> str:
+        if self.nbits_accuracy is not None:
+            return f"nvfp4 (MatMulNBits 8-bit block 16, accuracy {self.nbits_accuracy})"
+        return super().name
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        """A linear's matmul on MatMulNBits over the exact 8-bit layout (nvfp4_nbits.py)."""
+        if self.stacked or self.dtype != FLOAT:
+            return f"{self.name}: the 8-bit MatMulNBits layout needs a 2-D f32 weight"
+        return replace(self, kernel=False, nbits_accuracy=accuracy_level)
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        """Stacked experts as a QMoE operand over the exact 8-bit layout (nvfp4_nbits.py)."""
+        if not self.stacked or self.dtype != FLOAT:
+            return f"{self.name}: QMoE needs stacked f32-activation experts"
+        if not int8:
+            return f"{self.name} experts are 8-bit on QMoE: int8 activations only"
+        return NVFP4QMoEExperts(self, kind)
+
+    def matmul(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        params: dict[str, ir.Value],
+        bias: ir.Value | None = None,
+    ) -> ir.Value:
+        if self.nbits_accuracy is None:
+            return super().matmul(op, x, params, bias)
+        if x.dtype is None:  # an untyped builder value: activations are FLOAT here
+            x.dtype = FLOAT
+        y = nvfp4_nbits.emit_matmul(
+            op, x, params[""], params["_scale"], self._scale_2(op, params), self.nbits_accuracy
+        )
+        return y if bias is None else op.Add(y, bias)
 
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         lead, n, k = _split(shape, nvfp4.GROUP_SIZE, "NVFP4 weight")
@@ -175,6 +218,13 @@ class FP8Weight(_ModelOptWeight):
 
     scale_shape: tuple[int, ...] = ()
 
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        """FP8 has no exact integer layout; on the fused CPU routes a linear leaves the CUDA
+        kernel for the standard decode (exact), elsewhere it stays as it is (a sentence)."""
+        if self.kernel:
+            return replace(self, kernel=False)
+        return super().on_exact_layout(accuracy_level)
+
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         lead, n, k = _split(shape, 1, "FP8 weight")
         return {
@@ -202,3 +252,74 @@ class FP8Weight(_ModelOptWeight):
         else:  # rows of one table (e.g. an embedding): one scale for all
             rows = op.Mul(fp8.gather_widened(op, params[""], indices), scale)
         return _to(op, rows, self.dtype)
+
+
+@dataclass(frozen=True)
+class NVFP4QMoEExperts:
+    """Stacked ModelOpt NVFP4 experts as QMoE's fc1 (up: rows twice, the SwiGLU form of
+    ReLU^2) or fc2 (down) operand: 8-bit codes, block 16, folded at session creation from the
+    verbatim parameters (nvfp4_nbits.py); each expert's weight_scale_2 / 2 multiplies its block
+    scales in the same folded expression (formats/weight.py, ScaledExperts, says why there)."""
+
+    exact: NVFP4Weight
+    kind: str  # "fc1" or "fc2"
+
+    bits: ClassVar[int] = nvfp4_nbits.BITS
+    block_size: ClassVar[int] = nvfp4.GROUP_SIZE
+    stored_type: ClassVar[str] = "NVFP4"
+
+    @property
+    def name(self) -> str:
+        return f"nvfp4 (QMoE {self.kind}, 8-bit block 16)"
+
+    @property
+    def _repeat(self) -> int:
+        return 2 if self.kind == "fc1" else 1
+
+    def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
+        return self.exact.parameters(shape)
+
+    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
+        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
+
+    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
+        return f"{self.name}: stacked experts, not a linear layer"
+
+    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
+        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
+
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        codes = nvfp4_nbits.emit_codes(op, params[""], self._repeat)  # [E, N', K/16, 16]
+        lead = [int(d) for d in params[""].shape[:-2]]
+        rows = int(params[""].shape[-2]) * self._repeat
+        k = int(params[""].shape[-1]) * 2
+        flat = op.Reshape(codes, op.Constant(value_ints=[*lead, rows, k]))  # QMoE: [E, N', K]
+        scales = nvfp4_nbits.emit_scales(op, params["_scale"], self._repeat)
+        scale_2 = op.Reshape(params["_scale_2"], op.Constant(value_ints=[-1, 1, 1]))  # [E, 1, 1]
+        scales = op.Mul(scales, nvfp4_nbits.half_scale_2(op, scale_2))
+        return typed(flat, ir.DataType.UINT8, None), scales, None
+
+    def layer_byte_cost(self, down: FusedExperts) -> float:
+        """The package keeps the checkpoint's bytes (1.0); memory: layer_layout says it."""
+        return 1.0
+
+    def layer_layout(self, down: FusedExperts) -> str:
+        stored = 0.5 + 1 / nvfp4.GROUP_SIZE  # bytes per weight: codes + E4M3 scales
+        session = (1 + 4 / nvfp4.GROUP_SIZE) * 1.5  # fc1 twice: (2 + 1) / 2 per weight
+        return (
+            "re-laid as 8-bit codes when the session is created (fc1 rows twice, the SwiGLU "
+            f"form): {session / stored:.2f}x the stored bytes in memory; in the package"
+        )
+
+    def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+        return x
+
+    def paired_with(self, down: FusedExperts) -> tuple[FusedExperts, FusedExperts] | str:
+        if (down.bits, down.block_size) != (self.bits, self.block_size):
+            return "do not both fit one QMoE layout (one bit width and block size)"
+        return self, down
