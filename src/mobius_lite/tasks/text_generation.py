@@ -43,7 +43,8 @@ def text_generation_graphs(
     options = options or ExportOptions()
     head = config.has_mtp_head and layout.mtp_head_present(source)
     tied = logits_from_embeddings(config, layout.lm_head_present(source))
-    ctx = options.build_context(source, layout.names, layout.mamba_a)
+    names = options.names(layout.names)
+    ctx = options.build_context(source, names, layout.mamba_a)
     rules = {
         **unused_tensor_rules(config, head_exported=head),
         **layout.unused,
@@ -58,7 +59,7 @@ def text_generation_graphs(
         plan_bindings(
             graph_parameters(model),
             source,
-            layout.names,
+            names,
             rules,
             account_for_all=not head,
             hint=options.binding_hint,
