@@ -295,3 +295,80 @@ def test_dequantize_with_quantize_is_refused(tmp_path: Path, capsys) -> None:
     )
     assert code == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- Puzzle, Omni
+# Puzzle blocks whose rows are whole 32-element blocks (hidden 32; the converter's GGUF of it
+# is per-layer, gguf_fixtures' puzzle=True)
+PUZZLE_BLOCKS: list[dict[str, Any]] = [
+    {"block_type": "mamba"},
+    {"block_type": "moe", "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    {"block_type": "attention"},
+    {"block_type": "moe", "num_experts_per_tok": 3, "moe_intermediate_size": 64},
+]
+PUZZLE_GLOBALS = {"moe_latent_size": 32, "moe_shared_expert_intermediate_size": 32}
+
+
+@pytest.mark.slow
+def test_a_puzzle_package_equals_the_one_from_its_pure_gguf(tmp_path: Path) -> None:
+    from puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
+
+    raw = puzzle_raw_config(PUZZLE_BLOCKS, chunk_size=128, **PUZZLE_GLOBALS)
+    checkpoint, model = write_puzzle_checkpoint(raw, tmp_path / "checkpoint")
+    (file,) = write_gguf(tmp_path / "p.gguf", model, "nemotron_h_moe", {PURE: "Q4_0"}, puzzle=True)
+    ours, theirs = tmp_path / "a", tmp_path / "b"
+    common = ["--quiet", "--backend", "ort"]
+    assert (
+        main(
+            [
+                "build",
+                "--model",
+                str(checkpoint),
+                "--output",
+                str(ours),
+                "--quantize",
+                "q4_0",
+                *common,
+            ]
+        )
+        == 0
+    )
+    assert main(["build", "--model", str(file), "--output", str(theirs), *common]) == 0
+    a, b = _initializers(ours), _initializers(theirs)
+    assert sum(dtype == "UINT8" for dtype, _ in a.values()) >= 10
+    assert not [n for n in set(a) & set(b) if a[n] != b[n]]
+    assert {n for n in a if not n.endswith(A_PAIR[1])} == {
+        n for n in b if not n.endswith(A_PAIR[0])
+    }
+    la, lb = _logits(ours), _logits(theirs)
+    assert np.abs(la - lb).max() <= LOGITS_TOLERANCE * np.abs(lb).max()
+    assert verify_package(ours, checkpoint).ok
+
+
+@pytest.mark.slow
+def test_omni_quantizes_its_language_model_and_head_only(tmp_path: Path) -> None:
+    """Omni with an MTP head: the language model's projections and the head quantize; the
+    vision tower, the projector and the embedding table (its own graph looks rows up) keep
+    the build's dtype; every graph creates a session and verify re-derives the bytes."""
+    import onnxruntime as ort
+
+    from mtp_fixtures import write_omni_mtp_checkpoint
+
+    checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    out = tmp_path / "pkg"
+    assert (
+        main(
+            ["build", "--model", str(checkpoint), "--output", str(out), "-q", "--quantize", "q8_0"]
+        )
+        == 0
+    )
+    manifest = _manifest(out)
+    quantized = {n for n, e in manifest["sources"].items() if "quantize" in e}
+    assert quantized and all(n.startswith("language_model.") for n in quantized)
+    assert "language_model.mtp.layers.0.eh_proj.weight" in quantized
+    assert "language_model.lm_head.weight" in quantized
+    assert "language_model.backbone.embeddings.weight" not in quantized
+    assert any(n.startswith("language_model.mtp.layers.0.mixer") for n in quantized)
+    for graph in manifest["graphs"].values():
+        ort.InferenceSession(str(out / graph["file"]), providers=["CPUExecutionProvider"])
+    assert verify_package(out, checkpoint).ok
