@@ -75,6 +75,8 @@ def build(
     activations: Activations | str = Activations.EXACT,
     quantize: QuantType | str | None = None,
     quantize_output: QuantType | str | None = None,
+    quantize_block_size: int | None = None,
+    quantize_asymmetric: bool = False,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -95,7 +97,14 @@ def build(
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
-    plan = quantize_plan(quantize, quantize_output, dequantize)
+    plan = quantize_plan(
+        quantize, quantize_output, dequantize, quantize_block_size, quantize_asymmetric
+    )
+    if plan is not None and not plan.weights.type.is_ggml and precision is Precision.BF16:
+        raise RouteError(
+            f"{plan.weights.type.value} weights keep their scales in f32 or f16 (MatMulNBits); "
+            "build them with --dtype f32 or f16"
+        )
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
@@ -138,16 +147,20 @@ def build(
 
 
 def quantize_plan(
-    quantize: QuantType | str | None, output: QuantType | str | None, dequantize: bool
+    quantize: QuantType | str | None,
+    output: QuantType | str | None,
+    dequantize: bool,
+    block: int | None = None,
+    asymmetric: bool = False,
 ) -> QuantizePlan | None:
-    """The typed plan of build's `quantize` / `quantize_output`, None when not quantizing."""
+    """The typed plan of build's quantize arguments, None when not quantizing."""
     if quantize is None:
-        if output is not None:
-            raise RouteError("an output quantization needs a quantization of the weights")
+        if output is not None or block is not None or asymmetric:
+            raise RouteError("the output type, block size and asymmetry need a quantization")
         return None
     if dequantize:
         raise RouteError("quantizing at export and dequantizing packed weights exclude each other")
-    return QuantizePlan.of(quantize, output)
+    return QuantizePlan.of(quantize, output, block, not asymmetric)
 
 
 def build_from_module(

@@ -17,6 +17,9 @@ A row (the last axis: ggml's ne[0]) that does not hold whole 32-element blocks h
 Q4_0 form: llama-quantize stops with "no tensor type fallback is defined" for these types and
 falls back to F16 for the others. The export keeps such a tensor in the build's dtype and
 names it (`QuantizeChoice.fallbacks`).
+
+int4 / int8 follow onnxruntime-genai's builder, which quantizes the MatMul weights: the same
+tensors but the embedding table (a Gather there), with the recipe's block for the rows.
 """
 
 from __future__ import annotations
@@ -77,8 +80,10 @@ def choose_quantization(source: TensorSource, plan: QuantizePlan) -> QuantizeCho
         if kept_reason(name, shape) is not None:
             continue
         bare = name.removeprefix(OMNI_LANGUAGE)
+        if EMBEDDING.match(bare) and not plan.weights.type.is_ggml:
+            continue  # onnxruntime-genai's builder quantizes MatMul weights, not the Gather
         recipe = plan.output_recipe if bare == OUTPUT_WEIGHT else plan.weights
-        block = recipe.ggml.block_elements
+        block = recipe.block
         if shape[-1] % block:
             fallbacks[name] = (
                 f"{name}: rows of {shape[-1]} elements are not whole {block}-element blocks; "

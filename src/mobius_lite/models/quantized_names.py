@@ -1,10 +1,12 @@
 """The name map of a source quantized at export: its own, plus the re-layout parts.
 
-A quantized tensor computes with its ggml type's routes, some of which split it into several
-parameters (MatMulNBits' `<slot>_nbits_b` / `_nbits_scales`, the exact code layouts' parts
-for `--activations`; formats/ggml/weight.py, relayout_part.py). Each such parameter is fed by
-the slot's own source tensor through its quantization followed by that part's lossless
-re-layout, as a GGUF tensor of the same type feeds it through the re-layout alone.
+A quantized tensor computes with its type's routes, some of which split it into several
+parameters: MatMulNBits' `<slot>_nbits_b` / `_nbits_scales` and the exact code layouts' parts
+for `--activations` (formats/ggml/weight.py, relayout_part.py) for q8_0 / q4_0, and always
+`<slot>_q_b`, `_q_scales`, `_q_zero_points` for int4 / int8 (formats/quantize/nbits.py). Each
+such parameter is fed by the slot's own source tensor through its quantization followed by
+that part's lossless re-layout, as a GGUF tensor of the same type feeds it through the
+re-layout alone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from mobius_lite.formats.ggml.relayout_part import exact_relayout, split_suffix
 from mobius_lite.formats.ggml.storage import RelayoutPart
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.quantize.conversion import ThenPart
+from mobius_lite.formats.quantize.nbits import NBitsQuantize, NBitsStorage
+from mobius_lite.formats.quantize.nbits_weight import PART_SUFFIXES
 from mobius_lite.formats.quantize.storage import QuantizedStorage
 from mobius_lite.formats.storage import Conversion
 from mobius_lite.sources.base import TensorInfo
@@ -29,6 +33,8 @@ def quantized_part(part: str, kind: str | None) -> Layout:
 
     def layout(conversion: Conversion, info: TensorInfo) -> Conversion:
         storage = info.storage
+        if isinstance(storage, NBitsStorage) and isinstance(conversion, NBitsQuantize):
+            return conversion.with_part(part)
         if not isinstance(storage, QuantizedStorage):
             raise CheckpointError(f"{info.name} is not quantized at export; it has no {part}")
         ggml = storage.recipe.ggml
@@ -43,7 +49,7 @@ def quantized_part(part: str, kind: str | None) -> Layout:
 
 def split_part(target: str) -> tuple[str, str, str | None] | None:
     """(slot, part, kind) of a re-layout part's parameter name; None for any other."""
-    for suffix, part in NBITS_PARTS.items():
+    for suffix, part in {**NBITS_PARTS, **PART_SUFFIXES}.items():
         if target.endswith(suffix):
             return target.removesuffix(suffix), part, None
     exact = split_suffix(target)

@@ -17,7 +17,7 @@ import numpy as np
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.quantize.recipe import Recipe
-from mobius_lite.formats.quantize.storage import QuantizedStorage
+from mobius_lite.formats.quantize.storage import quantized_storage
 from mobius_lite.sources.base import TensorInfo, TensorSource
 
 FLOAT_SOURCES = ("float32", "float16", "bfloat16")
@@ -42,7 +42,9 @@ class QuantizedSource:
                     f"{name} is stored as {storage.name}; only {', '.join(FLOAT_SOURCES)} "
                     "tensors can be quantized at export"
                 )
-            self._infos[name] = replace(info, storage=QuantizedStorage(storage, recipe))
+            self._infos[name] = replace(
+                info, storage=quantized_storage(storage, recipe, tuple(info.shape))
+            )
 
     def names(self) -> list[str]:
         return self.inner.names()

@@ -22,7 +22,7 @@ from typing import Any
 
 from mobius_lite.errors import PackageError
 from mobius_lite.formats.dense import dense
-from mobius_lite.formats.quantize.storage import QuantizedStorage
+from mobius_lite.formats.quantize.storage import recipe_of
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import DECODER_FILE, MANIFEST_FILE
 from mobius_lite.sources.base import TensorSource
@@ -157,8 +157,9 @@ def build_manifest(
                 "sha256": segment.source_sha256,
                 "written": written,
             }
-            if isinstance(info.storage, QuantizedStorage):  # quantized at export: its recipe
-                sources[segment.source]["quantize"] = info.storage.recipe.record()
+            recipe = recipe_of(info.storage)
+            if recipe is not None:  # quantized at export: its recipe
+                sources[segment.source]["quantize"] = recipe.record()
             if binding.part is not None:
                 sources[segment.source]["parts"] = [
                     {"part": binding.part, "initializer": tensor.name, "written": written}

@@ -1,9 +1,10 @@
 """The storage of a dense source tensor that the export quantizes (`--quantize`).
 
-Its bytes are the checkpoint's (so the manifest's source sha256 is the checkpoint tensor's);
-what it becomes is the ggml block type of its recipe: `conversion_to` uint8 quantizes (the
-writer streams it block by block; to a float type: the values the blocks stand for), and `weight_format` is that ggml type's, so the graph
-computes with it exactly as with a GGUF tensor of the same type and bytes.
+Its bytes are the checkpoint's (so the manifest's source sha256 is the checkpoint tensor's).
+A `QuantizedStorage` (q8_0 / q4_0) becomes its recipe's ggml block type: `conversion_to`
+uint8 quantizes (the writer streams it block by block; to a float type: the values the blocks
+stand for), and `weight_format` is that ggml type's, so the graph computes with it exactly as
+with a GGUF tensor of the same type and bytes. int4 / int8 take `NBitsStorage` (nbits.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml.storage import Dequantize, GGMLStorage
 from mobius_lite.formats.quantize.conversion import QuantizeBlocks, ThenPart
+from mobius_lite.formats.quantize.nbits import NBitsStorage
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.formats.storage import Conversion, Storage
 from mobius_lite.formats.weight import WeightFormat
@@ -67,3 +69,20 @@ class QuantizedStorage:
         self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
     ) -> WeightFormat | None:
         return self.blocks.weight_format(dtype, backend, shape, stacked)
+
+
+def quantized_storage(
+    source: DenseStorage, recipe: Recipe, shape: tuple[int, ...]
+) -> QuantizedStorage | NBitsStorage:
+    """The storage of a dense tensor of `shape` that the export quantizes by `recipe`: ggml
+    blocks for llama.cpp's types, MatMulNBits blocks for int4 / int8."""
+    if recipe.type.is_ggml:
+        return QuantizedStorage(source, recipe)
+    return NBitsStorage(source, recipe, int(shape[-1]))
+
+
+def recipe_of(storage: Storage) -> Recipe | None:
+    """The recipe of a storage quantized at export, None for any other storage."""
+    if isinstance(storage, (QuantizedStorage, NBitsStorage)):
+        return storage.recipe
+    return None
