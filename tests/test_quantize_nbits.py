@@ -157,3 +157,42 @@ def test_cuda_f16_packages_are_well_formed(work: dict[str, Any], variant: str) -
     genai = json.loads((package / "genai_config.json").read_text())
     assert "cuda" in json.dumps(genai["model"]["decoder"]["session_options"])
     assert verify_package(package, work["tmp"] / "ckpt").ok
+
+
+@pytest.mark.parametrize("variant", ["q4_0", "int4"])
+def test_qualify_holds_the_graph_to_its_dequantized_weights(
+    work: dict[str, Any], variant: str, tmp_path: Path
+) -> None:
+    """qualify: the four verdicts PASS against transformers on the dequantized weights, and
+    the quantization's own error against the unquantized source is a separate figure."""
+    from mobius_lite.evaluation.qualify import qualify
+
+    flags = ["--quantize", variant]
+    out = work["tmp"] / f"qualify-{variant}"
+    args = ["build", "--model", str(work["tmp"] / "ckpt"), "--output", str(out), "-q"]
+    assert main([*args, *flags]) == 0
+    report = qualify(out, work["tmp"] / "ckpt", steps=3, output=tmp_path / "report")
+    statuses = {name: v.status for name, v in report.verdicts.items()}
+    assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
+    assert (
+        "dequantized" in report.run["reference"]["weights"]
+        or "blocks stand for" in (report.run["reference"]["weights"])
+    )
+    error = report.run["quantization_error"]
+    assert error["gated"] is False and len(error["steps"]) == 4  # prefill + 3 decode steps
+    assert 0 < error["logits_nrmse_mean"] < 10
+    assert (
+        main(
+            [
+                "qualify",
+                str(out),
+                "--source",
+                str(work["tmp"] / "ckpt"),
+                "--steps",
+                "1",
+                "--output",
+                str(tmp_path / "cli"),
+            ]
+        )
+        == 0
+    )

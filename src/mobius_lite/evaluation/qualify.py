@@ -35,6 +35,7 @@ from mobius_lite.evaluation.instrument import (
     external_data_session_options,
     instrument,
 )
+from mobius_lite.evaluation.metrics import compare
 from mobius_lite.evaluation.qualify_report import (
     ARRAYS_FILE,
     REPORT_FILE,
@@ -53,6 +54,7 @@ from mobius_lite.evaluation.qualify_sources import (
     source_config,
     source_kind,
 )
+from mobius_lite.evaluation.quantized_reference import write_dequantized_checkpoint
 from mobius_lite.evaluation.scoring import NOT_RUN, Verdict
 from mobius_lite.evaluation.validity import (
     check_graph,
@@ -61,11 +63,14 @@ from mobius_lite.evaluation.validity import (
     providers_from_profile,
     source_fidelity,
 )
+from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
 from mobius_lite.runtime import DecoderSession, greedy, session_providers
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references
+from mobius_lite.weights.manifest import read_manifest
+from mobius_lite.weights.verify import quantized_at_export
 
 DEFAULT_STEPS = 5
 DEFAULT_PROMPT_LENGTH = 16
@@ -75,6 +80,10 @@ REFERENCE_WEIGHTS = {
     GGUF_SOURCE: "the GGUF tensors dequantized to FP32 by gguf-py, converter changes undone",
     MODELOPT_SOURCE: "the ModelOpt weights decoded to FP32 (NVFP4 / FP8 reference decodes)",
 }
+DEQUANTIZED_WEIGHTS = (
+    "the checkpoint's tensors, each one the package quantized at export replaced by the values "
+    "its blocks stand for (gguf-py / onnxruntime's quantizer, decoded apart from the export)"
+)
 VERSIONED_PACKAGES = (
     "mobius_lite",
     "numpy",
@@ -270,13 +279,19 @@ def _reference_run(
     steps: int,
     kind: str = SAFETENSORS_SOURCE,
     source_raw: dict[str, Any] | None = None,
+    recipes: dict[str, Recipe] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """transformers on the source (`recipes`: with the tensors quantized at export replaced
+    by their dequantized values, evaluation/quantized_reference.py)."""
     from mobius_lite.evaluation.reference import ReferenceRunner, load_reference, pinned_torch
 
     kinds = [layer.kind for layer in config.layers]
     arrays: dict[str, np.ndarray] = {}
     with pinned_torch() as pinned, tempfile.TemporaryDirectory(prefix="mobius-dense-") as tmp:
-        checkpoint = reference_checkpoint(source, kind, source_raw or {}, Path(tmp))
+        if recipes:
+            checkpoint = write_dequantized_checkpoint(source, recipes, source_raw or {}, Path(tmp))
+        else:
+            checkpoint = reference_checkpoint(source, kind, source_raw or {}, Path(tmp))
         model = load_reference(checkpoint, model_type)
         runner = ReferenceRunner(model, kinds)
         ids = np.array([prompt], dtype=np.int64)
@@ -288,7 +303,7 @@ def _reference_run(
         runner.close()
         del model, runner
     facts = {"implementation": MODEL_TYPES[model_type].reference_name}
-    facts["weights"] = REFERENCE_WEIGHTS[kind]
+    facts["weights"] = DEQUANTIZED_WEIGHTS if recipes else REFERENCE_WEIGHTS[kind]
     facts["torch_flags"] = pinned
     return arrays, facts
 
@@ -351,15 +366,15 @@ def qualify(
     names = _step_names(steps)
     reference: dict[str, np.ndarray] = {}
     reference_facts: dict[str, Any] = {}
+    quantization: dict[str, Any] = {}
     if facts["session"].get("ok"):
         say("running the reference (transformers, torch FP32)")
         try:
-            reference, reference_facts = _reference_run(
-                source_dir, config, model_type, ids, steps, kind, source_raw
+            reference, reference_facts, quantization = _references(
+                package_dir, source_dir, config, model_type, ids, steps, kind, source_raw, ours
             )
         except Exception as exc:  # evidence for the report, never a traceback
             reference_facts = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-
     if facts["session"].get("ok") and config.has_mtp_head:
         from mobius_lite.evaluation.qualify_mtp import run_heads
 
@@ -382,7 +397,53 @@ def qualify(
         reference=reference_facts,
         int8_activation_kernels=facts["checker"].get("int8_activation_kernels", 0),
     )
+    if quantization:
+        run["quantization_error"] = quantization
     return _finish(out_dir, _decide(run, ours, reference), ours, reference)
+
+
+def _references(
+    package_dir: Path,
+    source_dir: Path,
+    config: NemotronHConfig,
+    model_type: str,
+    ids: list[int],
+    steps: int,
+    kind: str,
+    source_raw: dict[str, Any],
+    ours: dict[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+    """The reference's arrays and facts; for a package quantized at export the reference
+    runs its dequantized weights, and a second run on the unquantized source gives the
+    quantization's own error (the third item; empty otherwise)."""
+    recipes = quantized_at_export(read_manifest(package_dir))
+    arrays, facts = _reference_run(
+        source_dir, config, model_type, ids, steps, kind, source_raw, recipes
+    )
+    if not recipes:
+        return arrays, facts, {}
+    unquantized, _ = _reference_run(source_dir, config, model_type, ids, steps, kind)
+    return arrays, facts, _quantization_error(ours, unquantized)
+
+
+def _quantization_error(
+    ours: dict[str, np.ndarray], unquantized: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """The package's logits against transformers on the unquantized source: the quantization's
+    own error, reported beside the verdicts and never gated (the verdicts hold the graph to
+    its dequantized weights)."""
+    steps = []
+    for name in sorted(n for n in ours if n.endswith("/logits") and n in unquantized):
+        c = compare(name, ours[name], unquantized[name])
+        steps.append({"array": name, "nrmse": c.nrmse, "cosine": c.cosine, "finite": c.finite})
+    nrmse = [s["nrmse"] for s in steps]
+    return {
+        "against": "transformers on the unquantized source checkpoint (torch FP32)",
+        "gated": False,
+        "logits_nrmse_mean": float(np.mean(nrmse)) if nrmse else None,
+        "logits_nrmse_max": float(np.max(nrmse)) if nrmse else None,
+        "steps": steps,
+    }
 
 
 def _run_facts(
