@@ -372,3 +372,24 @@ def test_omni_quantizes_its_language_model_and_head_only(tmp_path: Path) -> None
     for graph in manifest["graphs"].values():
         ort.InferenceSession(str(out / graph["file"]), providers=["CPUExecutionProvider"])
     assert verify_package(out, checkpoint).ok
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--quantize-block-size", "64"], "need a quantization"),
+        (["--quantize", "q8_0", "--quantize-block-size", "64"], "apply to int4 / int8"),
+        (["--quantize", "q4_0", "--quantize-asymmetric"], "apply to int4 / int8"),
+        (["--quantize", "int4", "--quantize-block-size", "48"], "is not one of"),
+        (["--quantize", "int4", "--quantize-output", "q8_0"], "same family"),
+        (["--quantize", "int8", "--dtype", "bf16", "--ep", "cuda"], "f32 or f16"),
+    ],
+)
+def test_quantize_options_are_checked_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], said: str
+) -> None:
+    out = tmp_path / "pkg"
+    code = main(["build", "--model", str(tmp_path / "absent"), "--output", str(out), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and said in err[0], err
+    assert not out.exists()
