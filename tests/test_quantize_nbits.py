@@ -193,3 +193,21 @@ def test_qualify_holds_the_graph_to_its_dequantized_weights(
         )
         == 0
     )
+
+
+def test_qualify_a_quantized_package_with_its_mtp_head(tmp_path: Path) -> None:
+    """The MTP head's reference reads the dequantized weights too (the head quantizes)."""
+    from mobius_lite.evaluation.qualify import qualify
+    from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+
+    checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "pkg"
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "-q"]
+    assert main([*args, "--quantize", "q8_0"]) == 0
+    recipes = {n for n, e in _manifest(out)["sources"].items() if "quantize" in e}
+    assert "mtp.layers.0.eh_proj.weight" in recipes
+    report = qualify(out, checkpoint, steps=2, output=tmp_path / "report")
+    statuses = {name: v.status for name, v in report.verdicts.items()}
+    assert "mtp_head" in statuses
+    assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
+    assert report.run["quantization_error"]["logits_nrmse_mean"] > 0

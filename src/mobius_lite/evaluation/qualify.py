@@ -17,6 +17,7 @@ import json
 import platform
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,6 @@ from mobius_lite.evaluation.validity import (
     providers_from_profile,
     source_fidelity,
 )
-from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
 from mobius_lite.runtime import DecoderSession, greedy, session_providers
@@ -279,19 +279,13 @@ def _reference_run(
     steps: int,
     kind: str = SAFETENSORS_SOURCE,
     source_raw: dict[str, Any] | None = None,
-    recipes: dict[str, Recipe] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """transformers on the source (`recipes`: with the tensors quantized at export replaced
-    by their dequantized values, evaluation/quantized_reference.py)."""
     from mobius_lite.evaluation.reference import ReferenceRunner, load_reference, pinned_torch
 
     kinds = [layer.kind for layer in config.layers]
     arrays: dict[str, np.ndarray] = {}
     with pinned_torch() as pinned, tempfile.TemporaryDirectory(prefix="mobius-dense-") as tmp:
-        if recipes:
-            checkpoint = write_dequantized_checkpoint(source, recipes, source_raw or {}, Path(tmp))
-        else:
-            checkpoint = reference_checkpoint(source, kind, source_raw or {}, Path(tmp))
+        checkpoint = reference_checkpoint(source, kind, source_raw or {}, Path(tmp))
         model = load_reference(checkpoint, model_type)
         runner = ReferenceRunner(model, kinds)
         ids = np.array([prompt], dtype=np.int64)
@@ -303,7 +297,7 @@ def _reference_run(
         runner.close()
         del model, runner
     facts = {"implementation": MODEL_TYPES[model_type].reference_name}
-    facts["weights"] = DEQUANTIZED_WEIGHTS if recipes else REFERENCE_WEIGHTS[kind]
+    facts["weights"] = REFERENCE_WEIGHTS[kind]
     facts["torch_flags"] = pinned
     return arrays, facts
 
@@ -367,25 +361,15 @@ def qualify(
     reference: dict[str, np.ndarray] = {}
     reference_facts: dict[str, Any] = {}
     quantization: dict[str, Any] = {}
+    head_facts: dict[str, Any] | None = None
     if facts["session"].get("ok"):
         say("running the reference (transformers, torch FP32)")
-        try:
-            reference, reference_facts, quantization = _references(
-                package_dir, source_dir, config, model_type, ids, steps, kind, source_raw, ours
-            )
-        except Exception as exc:  # evidence for the report, never a traceback
-            reference_facts = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-    if facts["session"].get("ok") and config.has_mtp_head:
-        from mobius_lite.evaluation.qualify_mtp import run_heads
-
-        say("running the MTP head and the reference head, then speculative decoding")
-        head_facts, head_ours, head_reference = run_heads(
-            package_dir, source_dir, ids, facts["tokens"], ours, names, providers
+        inputs = _Inputs(package_dir, source_dir, config, model_type, ids, steps, kind, source_raw)
+        reference, reference_facts, quantization, head_facts = _references(
+            inputs, ours, facts["tokens"], providers, say
         )
-        ours.update(head_ours)
-        reference.update(head_reference)
     run = _run_facts(package_dir, source_dir, model_type, providers, verdicts)
-    if facts["session"].get("ok") and config.has_mtp_head:
+    if head_facts is not None:
         run["mtp"] = head_facts
     run.update(
         prompt_ids=ids,
@@ -402,28 +386,77 @@ def qualify(
     return _finish(out_dir, _decide(run, ours, reference), ours, reference)
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What the reference side of a text run reads."""
+
+    package_dir: Path
+    source_dir: Path
+    config: NemotronHConfig
+    model_type: str
+    ids: list[int]
+    steps: int
+    kind: str
+    source_raw: dict[str, Any]
+
+
 def _references(
-    package_dir: Path,
-    source_dir: Path,
-    config: NemotronHConfig,
-    model_type: str,
-    ids: list[int],
-    steps: int,
-    kind: str,
-    source_raw: dict[str, Any],
+    inputs: _Inputs,
     ours: dict[str, np.ndarray],
-) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
-    """The reference's arrays and facts; for a package quantized at export the reference
-    runs its dequantized weights, and a second run on the unquantized source gives the
-    quantization's own error (the third item; empty otherwise)."""
-    recipes = quantized_at_export(read_manifest(package_dir))
-    arrays, facts = _reference_run(
-        source_dir, config, model_type, ids, steps, kind, source_raw, recipes
-    )
-    if not recipes:
-        return arrays, facts, {}
-    unquantized, _ = _reference_run(source_dir, config, model_type, ids, steps, kind)
-    return arrays, facts, _quantization_error(ours, unquantized)
+    tokens: list[int],
+    providers: list[str],
+    say: Any,
+) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """(reference arrays, their facts, the quantization's own error, the MTP head's facts).
+
+    The reference (and the MTP head's) reads the source; for a package quantized at export,
+    the source with those tensors dequantized (evaluation/quantized_reference.py), and a
+    second run on the unquantized source gives the quantization's error. The head's arrays
+    join `ours` and the reference's under "mtp/..."."""
+    recipes = quantized_at_export(read_manifest(inputs.package_dir))
+    quantization: dict[str, Any] = {}
+    head_facts = None
+    with tempfile.TemporaryDirectory(prefix="mobius-dequantized-") as tmp:
+        where, kind = inputs.source_dir, inputs.kind
+        try:
+            if recipes:
+                where = write_dequantized_checkpoint(where, recipes, inputs.source_raw, Path(tmp))
+                kind = SAFETENSORS_SOURCE
+            reference, facts = _reference_run(
+                where,
+                inputs.config,
+                inputs.model_type,
+                inputs.ids,
+                inputs.steps,
+                kind,
+                inputs.source_raw,
+            )
+            if recipes:
+                facts["weights"] = DEQUANTIZED_WEIGHTS
+                say("running the unquantized source, for the quantization's own error")
+                unquantized, _ = _reference_run(
+                    inputs.source_dir,
+                    inputs.config,
+                    inputs.model_type,
+                    inputs.ids,
+                    inputs.steps,
+                    inputs.kind,
+                    inputs.source_raw,
+                )
+                quantization = _quantization_error(ours, unquantized)
+        except Exception as exc:  # evidence for the report, never a traceback
+            reference, facts = {}, {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+        if inputs.config.has_mtp_head:
+            from mobius_lite.evaluation.qualify_mtp import run_heads
+
+            say("running the MTP head and the reference head, then speculative decoding")
+            names = _step_names(inputs.steps)
+            head_facts, head_ours, head_reference = run_heads(
+                inputs.package_dir, where, inputs.ids, tokens, ours, names, providers
+            )
+            ours.update(head_ours)
+            reference.update(head_reference)
+    return reference, facts, quantization, head_facts
 
 
 def _quantization_error(
