@@ -393,3 +393,19 @@ def test_quantize_options_are_checked_before_anything_is_read(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and said in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
+    """Omni's reference (language model and MTP head) reads the dequantized weights."""
+    from mobius_lite.evaluation.qualify import qualify
+    from mtp_fixtures import write_omni_mtp_checkpoint
+
+    checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    out = tmp_path / "pkg"
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "-q"]
+    assert main([*args, "--quantize", "q8_0"]) == 0
+    report = qualify(out, checkpoint, steps=2, output=tmp_path / "report")
+    statuses = {name: v.status for name, v in report.verdicts.items()}
+    assert "mtp_head" in statuses
+    assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
