@@ -45,6 +45,7 @@ VARIANTS = {
     "int4": ["--quantize", "int4"],
     "int4-asym-b16": ["--quantize", "int4", "--quantize-asymmetric", "--quantize-block-size", "16"],
     "int8-b64": ["--quantize", "int8", "--quantize-block-size", "64"],
+    "int8": ["--quantize", "int8"],
     "int4-head8": ["--quantize", "int4", "--quantize-output", "int8"],
 }
 
@@ -111,7 +112,7 @@ def _reference(work: dict[str, Any], package: Path, dequantize: bool) -> Nemotro
     return model
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "int8"])
 @pytest.mark.parametrize("backend", ["standard", "ort"])
 def test_the_graph_computes_what_its_weights_say(
     work: dict[str, Any], variant: str, backend: str
@@ -211,3 +212,33 @@ def test_qualify_a_quantized_package_with_its_mtp_head(tmp_path: Path) -> None:
     assert "mtp_head" in statuses
     assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
     assert report.run["quantization_error"]["logits_nrmse_mean"] > 0
+
+
+@pytest.mark.parametrize("variant", ["int4", "int4-asym-b16"])
+def test_int4_experts_on_qmoe_compute_what_their_weights_say(
+    work: dict[str, Any], variant: str
+) -> None:
+    """--activations exact-fused: the experts on QMoE (fc1 rows twice), the linears on
+    MatMulNBits, f32 activations: the FP32 gates against the dequantized weights."""
+    package = _package(work, variant, "ort", "--activations", "exact-fused")
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"QMoE", "MatMulNBits"} <= ops
+    assert verify_package(package, work["tmp"] / "ckpt").ok
+    config = load_config_file(package)
+    run = drive_parity(_reference(work, package, True), config, package, prompt_length=9)
+    failures = run.failures(FP32_NRMSE, FP32_COSINE)
+    assert not failures, [(c.name, c.nrmse, c.cosine) for c in failures[:5]]
+
+
+def test_int8_experts_take_qmoe_on_the_int8_route_only(work: dict[str, Any]) -> None:
+    fused = _package(work, "int8", "ort", "--activations", "exact-fused")
+    int8 = _package(work, "int8", "ort", "--activations", "int8")
+    ops = {
+        name: {
+            n.op_type for n in onnx.load(str(p / "model.onnx"), load_external_data=False).graph.node
+        }
+        for name, p in (("fused", fused), ("int8", int8))
+    }
+    assert "QMoE" not in ops["fused"] and "QMoE" in ops["int8"]
+    assert verify_package(int8, work["tmp"] / "ckpt").ok

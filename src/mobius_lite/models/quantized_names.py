@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mobius_lite.errors import CheckpointError
-from mobius_lite.formats.ggml.relayout_part import exact_relayout, split_suffix
+from mobius_lite.formats.ggml.relayout_part import ROW_REPEAT, exact_relayout, split_suffix
 from mobius_lite.formats.ggml.storage import RelayoutPart
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.quantize.conversion import ThenPart
@@ -34,7 +34,9 @@ def quantized_part(part: str, kind: str | None) -> Layout:
     def layout(conversion: Conversion, info: TensorInfo) -> Conversion:
         storage = info.storage
         if isinstance(storage, NBitsStorage) and isinstance(conversion, NBitsQuantize):
-            return conversion.with_part(part)
+            if kind is None:  # MatMulNBits' own parts
+                return conversion.with_part(part)
+            return conversion.with_part(part, ROW_REPEAT[kind], flat=True)  # a QMoE operand
         if not isinstance(storage, QuantizedStorage):
             raise CheckpointError(f"{info.name} is not quantized at export; it has no {part}")
         ggml = storage.recipe.ggml

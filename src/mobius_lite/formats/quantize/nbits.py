@@ -81,15 +81,20 @@ def pack_zero_points(zero: np.ndarray, bits: int) -> np.ndarray:
     return pack_codes(zero, 4)
 
 
-def part_shape(recipe: Recipe, part: str, stored: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of one part for a dense weight stored [..., N, K]."""
-    *lead, k = stored
+def part_shape(
+    recipe: Recipe, part: str, stored: tuple[int, ...], repeat: int = 1, flat: bool = False
+) -> tuple[int, ...]:
+    """The shape of one part for a dense weight stored [..., N, K]: MatMulNBits' (B [..., N,
+    K / block, blob]) or, `flat`, QMoE's (B [..., N * repeat, K / block * blob])."""
+    *lead, n, k = stored
     k_blocks = k // recipe.block
+    rows = (*lead, n * repeat)
     if part == "b":
-        return (*lead, k_blocks, recipe.block * recipe.type.bits // 8)
+        blob = recipe.block * recipe.type.bits // 8
+        return (*rows, k_blocks * blob) if flat else (*rows, k_blocks, blob)
     if part == "scales":
-        return (*lead, k_blocks)
-    return (*lead, (k_blocks * recipe.type.bits + 7) // 8)
+        return (*rows, k_blocks)
+    return (*rows, (k_blocks * recipe.type.bits + 7) // 8)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ class NBitsQuantize:
     row: int
     out: np.dtype
     part: str | None = None
+    repeat: int = 1  # each row given this many times in a row (QMoE's fc1: 2)
+    flat: bool = False  # QMoE's 2-D B per expert instead of MatMulNBits' blocks
     name: str = "quantize"
 
     @property
@@ -112,22 +119,24 @@ class NBitsQuantize:
     def verbatim(self) -> bool:
         return False
 
-    def with_part(self, part: str) -> NBitsQuantize:
+    def with_part(self, part: str, repeat: int = 1, flat: bool = False) -> NBitsQuantize:
         if part not in PARTS:
             raise RouteError(f"no MatMulNBits part {part!r}")
-        return replace(self, part=part)
+        return replace(self, part=part, repeat=repeat, flat=flat)
 
     def _rows(self, raw: Bytes) -> np.ndarray:
         return np.frombuffer(raw, dtype=self.source).astype(np.float32).reshape(-1, self.row)
 
     def _select(self, b: np.ndarray, scales: np.ndarray, zero: np.ndarray) -> np.ndarray:
         if self.part == "b":
-            return b
-        if self.part == "scales":
-            return scales.astype(self.out)
-        if self.part == "zero_points":
-            return zero
-        raise RouteError(f"{self.recipe.type.value} weights are written as parts; none chosen")
+            chosen = b
+        elif self.part == "scales":
+            chosen = scales.astype(self.out)
+        elif self.part == "zero_points":
+            chosen = zero
+        else:
+            raise RouteError(f"{self.recipe.type.value} weights are written as parts; none chosen")
+        return np.repeat(chosen, self.repeat, axis=0) if self.repeat > 1 else chosen
 
     def convert(self, raw: Bytes) -> Bytes:
         bits = self.recipe.type.bits
@@ -153,7 +162,7 @@ class NBitsQuantize:
         return np.ascontiguousarray(self._select(b, scales, zero)).tobytes()
 
     def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        return part_shape(self.recipe, self.part or "b", stored)
+        return part_shape(self.recipe, self.part or "b", stored, self.repeat, self.flat)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ Parameters beside the slot: `<slot>_q_b` (uint8 [..., N, K / block, block * bits
 
 | backend  | matmul (2-D)                          | select (embedding rows, experts)        |
 | standard | decode (standard ops) + Gemm(transB)  | Gather codes + decode                   |
-| ort      | MatMulNBits (f32 / f16; accuracy 4    | Gather codes + decode                   |
-|          | with --activations int8)              |                                         |
+| ort      | MatMulNBits (f32 / f16; accuracy 4    | Gather codes + decode; experts on QMoE  |
+|          | with --activations int8)              | with --activations (nbits_qmoe.py)      |
 
 Decoding is value = (code - zero point) * scale, the MatMulNBits definition. A decode reads
 the codes through a run-time Reshape, so onnxruntime's constant folding keeps them packed.
@@ -26,6 +26,7 @@ from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import is_ort, typed
 from mobius_lite.formats.ggml.relayout import emit_matmulnbits
 from mobius_lite.formats.ggml.weight import runtime_view
+from mobius_lite.formats.quantize.nbits_qmoe import NBitsQMoE, qmoe_refusal
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.formats.weight import FusedExperts, WeightFormat, gemm_transposed
 
@@ -138,7 +139,8 @@ class NBitsWeight:
         return replace(self, kernel=True, accuracy_level=accuracy_level)
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return f"{self.recipe.type.value} experts have no QMoE operand yet"
+        refusal = qmoe_refusal(self.recipe, self.dtype, self.shape, int8)
+        return refusal or NBitsQMoE(self.recipe, self.dtype, self.shape, kind, self)
 
 
 def _ints(op: OpBuilder, values: list[int]) -> Any:
