@@ -409,3 +409,18 @@ def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
     statuses = {name: v.status for name, v in report.verdicts.items()}
     assert "mtp_head" in statuses
     assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
+
+
+def test_a_modelopt_source_is_refused_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import modelopt_fixtures
+
+    modelopt_fixtures.write_checkpoint("nvfp4", tmp_path / "nvfp4")
+    out = tmp_path / "pkg"
+    capsys.readouterr()
+    args = ["build", "--model", str(tmp_path / "nvfp4"), "--output", str(out)]
+    assert main([*args, "--quantize", "int4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "modelopt checkpoint" in err[0] and "already packed" in err[0]
+    assert not out.exists()
