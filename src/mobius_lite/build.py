@@ -14,7 +14,9 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
 from mobius_lite.enums import Activations, Backend, Precision
-from mobius_lite.errors import ConfigError
+from mobius_lite.errors import ConfigError, RouteError
+from mobius_lite.formats.quantize.recipe import QuantizePlan, QuantType
+from mobius_lite.models.nemotron_h_quant import choose_quantization
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
@@ -22,10 +24,11 @@ from mobius_lite.routes import (
     check_weight_format,
     parse_backend,
 )
-from mobius_lite.source_kinds import SOURCE_KINDS, layout_of, open_checkpoint
+from mobius_lite.source_kinds import SAFETENSORS_KIND, SOURCE_KINDS, layout_of, open_checkpoint
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.memory import checkpoint_state_dict
+from mobius_lite.sources.quantized import QuantizedSource
 from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraphs
 from mobius_lite.tasks.options import ExportOptions
 
@@ -70,6 +73,10 @@ def build(
     gguf_file: str | None = None,
     config: str | Path | None = None,
     activations: Activations | str = Activations.EXACT,
+    quantize: QuantType | str | None = None,
+    quantize_output: QuantType | str | None = None,
+    quantize_block_size: int | None = None,
+    quantize_asymmetric: bool = False,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -90,13 +97,31 @@ def build(
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
+    plan = quantize_plan(
+        quantize, quantize_output, dequantize, quantize_block_size, quantize_asymmetric
+    )
+    if plan is not None and not plan.weights.type.is_ggml and precision is Precision.BF16:
+        raise RouteError(
+            f"{plan.weights.type.value} weights keep their scales in f32 or f16 (MatMulNBits); "
+            "build them with --dtype f32 or f16"
+        )
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
+    if plan is not None and opened.kind != SAFETENSORS_KIND.name:
+        raise RouteError(
+            f"{model} is a {opened.kind} checkpoint, whose weights are already packed; "
+            "quantizing at export takes a dense (BF16, FP16, FP32) safetensors checkpoint"
+        )
     # the one parse of the config: its errors come before any weight download
     model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
-    source = opened.tensors()
+    source: TensorSource = opened.tensors()
+    metadata: dict[str, Any] = {"source": opened.resolved.source_record()}
+    if plan is not None:
+        choice = choose_quantization(source, plan)
+        source = QuantizedSource(source, choice.recipes)
+        metadata["quantization"] = {**plan.record(), "fallbacks": list(choice.fallbacks.values())}
     options = ExportOptions(
         precision,
         backend,
@@ -104,6 +129,7 @@ def build(
         opened.unused_rules,
         activations=mode,
         binding_hint=opened.binding_hint,
+        quantized=plan is not None,
     )
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(
@@ -116,8 +142,25 @@ def build(
         extra_files=opened.extra_files,
         config_json=exported.config_json,
         shared=exported.shared,
-        metadata={"source": opened.resolved.source_record()},
+        metadata=metadata,
     )
+
+
+def quantize_plan(
+    quantize: QuantType | str | None,
+    output: QuantType | str | None,
+    dequantize: bool,
+    block: int | None = None,
+    asymmetric: bool = False,
+) -> QuantizePlan | None:
+    """The typed plan of build's quantize arguments, None when not quantizing."""
+    if quantize is None:
+        if output is not None or block is not None or asymmetric:
+            raise RouteError("the output type, block size and asymmetry need a quantization")
+        return None
+    if dequantize:
+        raise RouteError("quantizing at export and dequantizing packed weights exclude each other")
+    return QuantizePlan.of(quantize, output, block, not asymmetric)
 
 
 def build_from_module(

@@ -11,6 +11,7 @@ from mobius_lite.build import SUPPORTED_TASKS, build
 from mobius_lite.cli import COMMANDS
 from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import Backend, Precision
+from mobius_lite.formats.quantize.recipe import QuantType
 from mobius_lite.genai_config import genai_limitations
 from mobius_lite.media.tokenizer import TOKENIZER_FILE, vocabulary_mismatch
 from mobius_lite.registry import KNOWN_MODELS
@@ -143,6 +144,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--quantize",
+        choices=[t.value for t in QuantType],
+        metavar="TYPE",
+        help="quantize a dense safetensors checkpoint while writing it: q8_0 / q4_0 are "
+        "llama.cpp's own, bit for bit, on the tensors llama-quantize --pure quantizes "
+        "(docs/quantize.md); they then take every route of that ggml type (--backend, "
+        "--activations) as a GGUF of it would. int4 / int8 are onnxruntime-genai's builder's "
+        "MatMulNBits blocks. Refused for GGUF and ModelOpt sources",
+    )
+    p.add_argument(
+        "--quantize-block-size",
+        type=int,
+        metavar="N",
+        help="int4 / int8: elements per block along K, 16 to 256 (default 32)",
+    )
+    p.add_argument(
+        "--quantize-asymmetric",
+        action="store_true",
+        help="int4 / int8: asymmetric blocks with uint8 zero points (default symmetric)",
+    )
+    p.add_argument(
+        "--quantize-output",
+        choices=[t.value for t in QuantType],
+        metavar="TYPE",
+        help="with --quantize: lm_head's type instead (as llama-quantize --output-tensor-type; "
+        "int8 with int4 as onnxruntime-genai's last_matmul:int8)",
+    )
+    p.add_argument(
         "--dequantize",
         action="store_true",
         help="store packed weights as dense --dtype weights instead (never done unless asked)",
@@ -186,8 +215,14 @@ def run(args: argparse.Namespace) -> int:
         gguf_file=args.gguf_file,
         config=args.config,
         activations=args.activations,
+        quantize=args.quantize,
+        quantize_output=args.quantize_output,
+        quantize_block_size=args.quantize_block_size,
+        quantize_asymmetric=args.quantize_asymmetric,
     )
     source = package.metadata.get("source", {})
+    for fallback in package.metadata.get("quantization", {}).get("fallbacks", []):
+        print(f"note: {fallback}", file=sys.stderr)
     if not args.quiet:
         revision = source.get("revision") or "(local directory, no revision)"
         print(f"source: {source.get('model', args.model)}")

@@ -257,10 +257,17 @@ def _summary(name: str, path: Path) -> dict[str, Any]:
     storage: dict[str, dict[str, Any]] = {}
     for entry in data.get("sources", {}).values():
         key = f"{entry.get('dtype')} -> {entry.get('transform')}"
+        if "quantize" in entry:  # quantized at export: its recipe
+            recipe = entry["quantize"]
+            kind = "symmetric" if recipe.get("symmetric") else "asymmetric"
+            key += f" {recipe.get('type')} (block {recipe.get('block')}, {kind})"
         row = storage.setdefault(key, {"tensors": 0, "bytes": 0})
         row["tensors"] += 1
         row["bytes"] += int(entry.get("nbytes", 0))
-    return {"source": data.get("source"), "keys": sorted(data), "storage": storage}
+    summary = {"source": data.get("source"), "keys": sorted(data), "storage": storage}
+    if "quantization" in data:
+        summary["quantization"] = data["quantization"]
+    return summary
 
 
 # --------------------------------------------------------------------------- text output
@@ -312,12 +319,27 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{human_bytes(f['bytes_referenced'])} referenced, "
                 f"{human_bytes(f['size_on_disk'])} on disk [{state}]"
             )
+    lines += _quantization_lines(report.get("manifest.json", {}).get("quantization"))
     storage = report.get("manifest.json", {}).get("storage", {})
     if storage:
         lines += ["", "source tensors by storage -> transform (manifest.json):"]
         for key, row in sorted(storage.items()):
             lines.append(f"  {key}: {row['tensors']} tensors, {human_bytes(row['bytes'])}")
     return "\n".join(lines)
+
+
+def _quantization_lines(plan: dict[str, Any] | None) -> list[str]:
+    """What `--quantize` asked for, and the tensors it kept dense (rows not whole blocks)."""
+    if not plan:
+        return []
+    weights, output = plan.get("weights", {}), plan.get("output", {})
+    lines = [
+        "",
+        f"quantized at export: weights {weights.get('type')}, lm_head {output.get('type')} "
+        "(per tensor: source sha256 and recipe in manifest.json; mobius verify re-derives them)",
+    ]
+    lines += [f"  kept dense: {f}" for f in plan.get("fallbacks", [])]
+    return lines
 
 
 def incomplete_files(report: dict[str, Any]) -> list[str]:

@@ -19,7 +19,9 @@ EPILOG = textwrap.dedent(
         files are exactly those the model references
       - every checkpoint tensor is bound exactly once or listed in manifest.json as unused
       - every binding, re-read from both sides: byte-exact for identity and stack; for casts
-        the source is cast again (round to nearest even) and the bytes compared
+        the source is cast again (round to nearest even) and the bytes compared; a tensor
+        quantized at export (build --quantize) is quantized again by an independent quantizer
+        (gguf-py for q8_0 / q4_0, onnxruntime's for int4 / int8) and the bytes compared
       - the sha256 of the source and written bytes recorded at export time
 
     exit status: 0 when everything matches, 1 when anything mismatches (each mismatch is

@@ -17,6 +17,7 @@ import json
 import platform
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from mobius_lite.evaluation.instrument import (
     external_data_session_options,
     instrument,
 )
+from mobius_lite.evaluation.metrics import compare
 from mobius_lite.evaluation.qualify_report import (
     ARRAYS_FILE,
     REPORT_FILE,
@@ -53,6 +55,7 @@ from mobius_lite.evaluation.qualify_sources import (
     source_config,
     source_kind,
 )
+from mobius_lite.evaluation.quantized_reference import write_dequantized_checkpoint
 from mobius_lite.evaluation.scoring import NOT_RUN, Verdict
 from mobius_lite.evaluation.validity import (
     check_graph,
@@ -66,6 +69,8 @@ from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRA
 from mobius_lite.runtime import DecoderSession, greedy, session_providers
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references
+from mobius_lite.weights.manifest import read_manifest
+from mobius_lite.weights.verify import quantized_at_export
 
 DEFAULT_STEPS = 5
 DEFAULT_PROMPT_LENGTH = 16
@@ -75,6 +80,10 @@ REFERENCE_WEIGHTS = {
     GGUF_SOURCE: "the GGUF tensors dequantized to FP32 by gguf-py, converter changes undone",
     MODELOPT_SOURCE: "the ModelOpt weights decoded to FP32 (NVFP4 / FP8 reference decodes)",
 }
+DEQUANTIZED_WEIGHTS = (
+    "the checkpoint's tensors, each one the package quantized at export replaced by the values "
+    "its blocks stand for (gguf-py / onnxruntime's quantizer, decoded apart from the export)"
+)
 VERSIONED_PACKAGES = (
     "mobius_lite",
     "numpy",
@@ -351,26 +360,16 @@ def qualify(
     names = _step_names(steps)
     reference: dict[str, np.ndarray] = {}
     reference_facts: dict[str, Any] = {}
+    quantization: dict[str, Any] = {}
+    head_facts: dict[str, Any] | None = None
     if facts["session"].get("ok"):
         say("running the reference (transformers, torch FP32)")
-        try:
-            reference, reference_facts = _reference_run(
-                source_dir, config, model_type, ids, steps, kind, source_raw
-            )
-        except Exception as exc:  # evidence for the report, never a traceback
-            reference_facts = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-
-    if facts["session"].get("ok") and config.has_mtp_head:
-        from mobius_lite.evaluation.qualify_mtp import run_heads
-
-        say("running the MTP head and the reference head, then speculative decoding")
-        head_facts, head_ours, head_reference = run_heads(
-            package_dir, source_dir, ids, facts["tokens"], ours, names, providers
+        inputs = _Inputs(package_dir, source_dir, config, model_type, ids, steps, kind, source_raw)
+        reference, reference_facts, quantization, head_facts = _references(
+            inputs, ours, facts["tokens"], providers, say
         )
-        ours.update(head_ours)
-        reference.update(head_reference)
     run = _run_facts(package_dir, source_dir, model_type, providers, verdicts)
-    if facts["session"].get("ok") and config.has_mtp_head:
+    if head_facts is not None:
         run["mtp"] = head_facts
     run.update(
         prompt_ids=ids,
@@ -382,7 +381,102 @@ def qualify(
         reference=reference_facts,
         int8_activation_kernels=facts["checker"].get("int8_activation_kernels", 0),
     )
+    if quantization:
+        run["quantization_error"] = quantization
     return _finish(out_dir, _decide(run, ours, reference), ours, reference)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What the reference side of a text run reads."""
+
+    package_dir: Path
+    source_dir: Path
+    config: NemotronHConfig
+    model_type: str
+    ids: list[int]
+    steps: int
+    kind: str
+    source_raw: dict[str, Any]
+
+
+def _references(
+    inputs: _Inputs,
+    ours: dict[str, np.ndarray],
+    tokens: list[int],
+    providers: list[str],
+    say: Any,
+) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """(reference arrays, their facts, the quantization's own error, the MTP head's facts).
+
+    The reference (and the MTP head's) reads the source; for a package quantized at export,
+    the source with those tensors dequantized (evaluation/quantized_reference.py), and a
+    second run on the unquantized source gives the quantization's error. The head's arrays
+    join `ours` and the reference's under "mtp/..."."""
+    recipes = quantized_at_export(read_manifest(inputs.package_dir))
+    quantization: dict[str, Any] = {}
+    head_facts = None
+    with tempfile.TemporaryDirectory(prefix="mobius-dequantized-") as tmp:
+        where, kind = inputs.source_dir, inputs.kind
+        try:
+            if recipes:
+                where = write_dequantized_checkpoint(where, recipes, inputs.source_raw, Path(tmp))
+                kind = SAFETENSORS_SOURCE
+            reference, facts = _reference_run(
+                where,
+                inputs.config,
+                inputs.model_type,
+                inputs.ids,
+                inputs.steps,
+                kind,
+                inputs.source_raw,
+            )
+            if recipes:
+                facts["weights"] = DEQUANTIZED_WEIGHTS
+                say("running the unquantized source, for the quantization's own error")
+                unquantized, _ = _reference_run(
+                    inputs.source_dir,
+                    inputs.config,
+                    inputs.model_type,
+                    inputs.ids,
+                    inputs.steps,
+                    inputs.kind,
+                    inputs.source_raw,
+                )
+                quantization = _quantization_error(ours, unquantized)
+        except Exception as exc:  # evidence for the report, never a traceback
+            reference, facts = {}, {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+        if inputs.config.has_mtp_head:
+            from mobius_lite.evaluation.qualify_mtp import run_heads
+
+            say("running the MTP head and the reference head, then speculative decoding")
+            names = _step_names(inputs.steps)
+            head_facts, head_ours, head_reference = run_heads(
+                inputs.package_dir, where, inputs.ids, tokens, ours, names, providers
+            )
+            ours.update(head_ours)
+            reference.update(head_reference)
+    return reference, facts, quantization, head_facts
+
+
+def _quantization_error(
+    ours: dict[str, np.ndarray], unquantized: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """The package's logits against transformers on the unquantized source: the quantization's
+    own error, reported beside the verdicts and never gated (the verdicts hold the graph to
+    its dequantized weights)."""
+    steps = []
+    for name in sorted(n for n in ours if n.endswith("/logits") and n in unquantized):
+        c = compare(name, ours[name], unquantized[name])
+        steps.append({"array": name, "nrmse": c.nrmse, "cosine": c.cosine, "finite": c.finite})
+    nrmse = [s["nrmse"] for s in steps]
+    return {
+        "against": "transformers on the unquantized source checkpoint (torch FP32)",
+        "gated": False,
+        "logits_nrmse_mean": float(np.mean(nrmse)) if nrmse else None,
+        "logits_nrmse_max": float(np.max(nrmse)) if nrmse else None,
+        "steps": steps,
+    }
 
 
 def _run_facts(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,13 @@ from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.qualify_mtp import score_head, split_head_arrays
+from mobius_lite.evaluation.quantized_reference import write_dequantized_checkpoint
 from mobius_lite.evaluation.scoring import FAIL, Verdict
 from mobius_lite.evaluation.validity import check_graph, source_fidelity
 from mobius_lite.layout import MANIFEST_FILE
+from mobius_lite.sources.config_json import read_config_json
+from mobius_lite.weights.manifest import read_manifest
+from mobius_lite.weights.verify import quantized_at_export
 
 PREFILL = "prefill"  # the media features are compared as part of the first step
 
@@ -214,8 +219,14 @@ def qualify_omni_verdicts(
     say("checking every graph (checker, session)")
     verdicts = {"graph_validity": _graph_validity(package_dir, providers)}
     verdicts["source_fidelity"] = source_fidelity(package_dir, source_dir)
+    recipes = quantized_at_export(read_manifest(package_dir))
     try:
-        ours, ref, names, facts = omni_runs(package_dir, source_dir, steps, providers, say)
+        with tempfile.TemporaryDirectory(prefix="mobius-dequantized-") as tmp:
+            reference_dir = source_dir
+            if recipes:  # the language model quantized at export: its dequantized weights
+                raw = read_config_json(source_dir)
+                reference_dir = write_dequantized_checkpoint(source_dir, recipes, raw, Path(tmp))
+            ours, ref, names, facts = omni_runs(package_dir, reference_dir, steps, providers, say)
     except Exception as exc:  # a run that breaks is evidence, reported, never a traceback
         reference = _raised_by_reference(exc)
         where = "the reference (transformers)" if reference else "the package"

@@ -113,6 +113,13 @@ def format_table(report: QualifyReport) -> str:
         "exact tokens"
     )
     lines += ["", gates]
+    quantization = report.run.get("quantization_error")
+    if quantization and quantization.get("logits_nrmse_mean") is not None:
+        lines.append(
+            "quantization error (reported, not gated; the verdicts hold the graph to its "
+            f"dequantized weights): logits NRMSE {quantization['logits_nrmse_mean']:.2e} mean, "
+            f"{quantization['logits_nrmse_max']:.2e} max against the unquantized source"
+        )
     if report.directory is not None:
         lines.append(f"report: {report.directory / REPORT_FILE}")
     return "\n".join(lines)

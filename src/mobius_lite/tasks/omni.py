@@ -81,8 +81,8 @@ def omni_graphs(
     tensors with its own name maps (models/omni_names.py) whatever the source kind."""
     options = options or ExportOptions()
     text = config.text
-    names = LanguageModelNames()
-    layout = SourceLayout(names)
+    layout = SourceLayout(LanguageModelNames())
+    names = options.names(layout.names)
     head = text.has_mtp_head and layout.mtp_head_present(source)
     # the text model's own rules name its tensors without the language_model. prefix
     text_rules = {

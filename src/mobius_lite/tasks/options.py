@@ -11,6 +11,7 @@ from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
+from mobius_lite.models.quantized_names import QuantizedNames
 from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
@@ -31,6 +32,12 @@ class ExportOptions:
     unused_rules: Mapping[str, str] = field(default_factory=dict)
     activations: Activations = Activations.EXACT  # the CPU kernel mode (--activations)
     binding_hint: str = CONFIG_JSON_HINT  # the last sentence of a binding error
+    quantized: bool = False  # the source quantizes tensors at export (sources/quantized.py)
+
+    def names(self, base: NameMap) -> NameMap:
+        """The name map graphs bind through: the source's own, plus the re-layout parts of
+        tensors quantized at export (models/quantized_names.py) when there are any."""
+        return QuantizedNames(base) if self.quantized else base
 
     def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
         """The weight-format resolver for graphs bound through `names`: packed formats unless

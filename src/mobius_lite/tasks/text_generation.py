@@ -46,7 +46,8 @@ def text_generation_graphs(
     if head:
         check_head_depths(config, source)
     tied = logits_from_embeddings(config, layout.lm_head_present(source))
-    ctx = options.build_context(source, layout.names, layout.mamba_a)
+    names = options.names(layout.names)
+    ctx = options.build_context(source, names, layout.mamba_a)
     rules = {
         **unused_tensor_rules(config, head_exported=head),
         **layout.unused,
@@ -61,7 +62,7 @@ def text_generation_graphs(
         plan_bindings(
             graph_parameters(model),
             source,
-            layout.names,
+            names,
             rules,
             account_for_all=not head,
             hint=options.binding_hint,

@@ -2,7 +2,8 @@
 
 Per graph (decoder, embedding, ...): its file and its external initializers. For each source
 tensor: the initializer it became and the graphs using it, the transform (identity, cast,
-stack, stack+cast), the sha256 of its raw checkpoint bytes and of the bytes written for it,
+stack, stack+cast, quantize), the recipe of a tensor quantized at export ("quantize"), the
+sha256 of its raw checkpoint bytes and of the bytes written for it,
 and where those bytes sit inside the initializer; a source re-laid out into several
 initializers (MatMulNBits B and scales, transform "relayout") lists each under "parts".
 Every source tensor appears exactly once, under "sources" (bound) or under "unused" with the
@@ -21,6 +22,7 @@ from typing import Any
 
 from mobius_lite.errors import PackageError
 from mobius_lite.formats.dense import dense
+from mobius_lite.formats.quantize.storage import recipe_of
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import DECODER_FILE, MANIFEST_FILE
 from mobius_lite.sources.base import TensorSource
@@ -155,6 +157,9 @@ def build_manifest(
                 "sha256": segment.source_sha256,
                 "written": written,
             }
+            recipe = recipe_of(info.storage)
+            if recipe is not None:  # quantized at export: its recipe
+                sources[segment.source]["quantize"] = recipe.record()
             if binding.part is not None:
                 sources[segment.source]["parts"] = [
                     {"part": binding.part, "initializer": tensor.name, "written": written}

@@ -26,9 +26,12 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.formats.dense import dense
+from mobius_lite.formats.quantize.recipe import Recipe
+from mobius_lite.models.quantized_names import QuantizedNames
 from mobius_lite.source_kinds import layout_of, local_tensors
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap, as_ref
+from mobius_lite.sources.quantized import QuantizedSource
 from mobius_lite.weights.binding import source_conversion
 from mobius_lite.weights.external_data import ExternalRef, external_references
 from mobius_lite.weights.manifest import manifest_initializers, read_manifest
@@ -331,6 +334,15 @@ class _Verifier:
         self.report.bytes_compared += len(data)
 
 
+def quantized_at_export(manifest: dict[str, Any]) -> dict[str, Recipe]:
+    """The recipe of every source tensor the export quantized (name -> Recipe)."""
+    return {
+        name: Recipe.from_record(entry["quantize"])
+        for name, entry in manifest["sources"].items()
+        if "quantize" in entry
+    }
+
+
 def verify_package(
     package_dir: Path | str,
     source: Path | str | TensorSource,
@@ -358,6 +370,11 @@ def verify_package(
         label = type(source).__name__
     if names is None:
         names = layout_of(source).names
+    recipes = quantized_at_export(manifest)
+    if recipes:  # quantize the checkpoint's tensors again, as the manifest recorded them
+        present = set(source.names())  # an absent one is reported by the coverage check
+        recipes = {name: recipe for name, recipe in recipes.items() if name in present}
+        source, names = QuantizedSource(source, recipes), QuantizedNames(names)
     report = VerifyReport(package=package_dir, source=label)
     report.mismatches.extend(check_references(package_dir, manifest))
     verifier = _Verifier(package_dir, manifest, source, report, names)
