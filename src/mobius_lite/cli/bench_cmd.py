@@ -32,15 +32,13 @@ EPILOG = textwrap.dedent(
 )
 
 
-def _count(text: str) -> int:
-    """An argparse type: an integer >= 1 (one line naming the value otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, found {value}")
-    return value
+def _check_counts(args: argparse.Namespace) -> None:
+    """ConfigError naming the first count below 1."""
+    for flag in ("prompt_tokens", "decode_tokens", "rounds", "threads"):
+        value = getattr(args, flag)
+        if value < 1:
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{name} must be 1 or more, found {value}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     for flag, default, metavar, text in numbers:
         p.add_argument(
-            flag, type=_count, default=default, metavar=metavar, help=f"{text} (default: {default})"
+            flag, type=int, default=default, metavar=metavar, help=f"{text} (default: {default})"
         )
     p.add_argument(
         "--ep",
@@ -125,6 +123,7 @@ def _peers(args: argparse.Namespace) -> tuple:
     from mobius_lite.bench.transformers_peer import TransformersPeer, check_checkpoint
     from mobius_lite.package_reader import open_package
 
+    _check_counts(args)
     files = open_package(Path(args.package))
     if args.gguf is not None:
         check_gguf(args.gguf)
