@@ -166,3 +166,34 @@ def test_bad_inputs_are_one_line(
 def write_text(path: Path) -> Path:
     path.write_text("not a gguf\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def omni_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import mobius_lite
+    from test_omni_package import make_omni
+
+    root = tmp_path_factory.mktemp("bench-omni")
+    make_omni(audio=True, final_layernorm=False, rate=0.5, seed=0).save_pretrained(root / "ckpt")
+    return mobius_lite.build(root / "ckpt").save(root / "package", quiet=True)
+
+
+def test_omni_package_times_its_encoders_and_decodes_like_generate(
+    omni_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mobius_lite.omni_runtime import OmniSession
+
+    out = tmp_path / "bench.json"
+    code, stdout, err = bench([str(omni_package), *SMALL, "--json", str(out)], capsys)
+    assert code == 0, err
+    result = json.loads(out.read_text())
+    session = OmniSession(omni_package)
+    ids = np.array([result["prompt"]], dtype=np.int64)
+    expected = session.generate(ids, max_new_tokens=1 + DECODE, stop_at_eos=False).tokens
+    assert result["peers"]["package"]["tokens"] == expected
+    encoders = {"vision_encoder", "video_encoder", "audio_encoder"}
+    for run in result["rounds"]:
+        assert run["tokens"] == expected and set(run["encoders_ms"]) == encoders
+    median = result["peers"]["package"]["median"]
+    assert {f"{name}_ms" for name in encoders} <= set(median)
+    assert "encoders (synthetic inputs)" in stdout

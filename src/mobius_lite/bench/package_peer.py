@@ -74,7 +74,7 @@ def package_peer(files: PackageFiles, ep: str, threads: int, decode_tokens: int)
     from mobius_lite.sources.config_json import read_config_json
 
     if model_type_of(read_config_json(files.directory)).task is Task.IMAGE_TEXT_TO_TEXT:
-        from mobius_lite.errors import ConfigError
+        from mobius_lite.bench.omni_peer import OmniPeer
 
-        raise ConfigError(f"{files.directory} is an Omni package; bench times text packages")
+        return OmniPeer(files, ep, threads, decode_tokens)
     return PackagePeer(files, ep, threads, decode_tokens)
