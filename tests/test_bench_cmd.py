@@ -7,7 +7,10 @@ transformers peer's against the checkpoint's own model re-run on the whole seque
 
 from __future__ import annotations
 
+import ctypes
 import json
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -197,3 +200,61 @@ def test_omni_package_times_its_encoders_and_decodes_like_generate(
     median = result["peers"]["package"]["median"]
     assert {f"{name}_ms" for name in encoders} <= set(median)
     assert "encoders (synthetic inputs)" in stdout
+
+
+def stand_in_llama_cpp(package: Path) -> types.ModuleType:
+    """A `llama_cpp` module with the calls the llama.cpp peer makes (Llama(...), reset, eval,
+    n_vocab, llama_get_logits_ith on the context), evaluating with the package's decoder.
+    llama-cpp-python is not installed here: this checks the peer's sequence of calls (fresh
+    context each pass, the prompt in one eval, the last row's argmax fed back), not llama.cpp."""
+
+    class Llama:
+        def __init__(self, model_path: str, n_ctx: int, **settings: object) -> None:
+            assert Path(model_path).is_file() and n_ctx == PROMPT + DECODE + 1
+            self.session = DecoderSession(package / DECODER_FILE)
+            self.ctx = self
+            self.logits = np.zeros(0, dtype=np.float32)
+
+        def reset(self) -> None:
+            self.session.reset(1)
+
+        def eval(self, tokens: list[int]) -> None:
+            out = self.session.step(np.array([tokens], dtype=np.int64))
+            self.logits = np.ascontiguousarray(out["logits"][0, -1], dtype=np.float32)
+
+        def n_vocab(self) -> int:
+            return self.logits.shape[0]
+
+    def llama_get_logits_ith(ctx: Llama, i: int) -> object:
+        assert i == -1
+        return ctx.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+    module = types.ModuleType("llama_cpp")
+    module.Llama = Llama
+    module.llama_get_logits_ith = llama_get_logits_ith
+    return module
+
+
+def test_three_peers_rotate_and_the_llamacpp_peer_feeds_its_own_tokens(
+    tiny_package,
+    tiny_checkpoint,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    package = tiny_package()
+    monkeypatch.setitem(sys.modules, "llama_cpp", stand_in_llama_cpp(package))
+    gguf, out = write_fake_gguf(tmp_path / "model.gguf"), tmp_path / "bench.json"
+    args = [str(package), *SMALL, "--gguf", str(gguf), "--json", str(out)]
+    code, stdout, err = bench([*args, "--checkpoint", str(tiny_checkpoint().path)], capsys)
+    assert code == 0, err
+    result = json.loads(out.read_text())
+    peers = ["package", "llama.cpp", "transformers"]
+    assert list(result["peers"]) == peers
+    order = [r["peer"] for r in result["rounds"]]
+    assert order == peers + peers[1:] + peers[:1]  # round 1 starts one further
+    expected = package_greedy(package, result["prompt"])
+    for run in result["rounds"]:
+        assert run["tokens"] == expected, run["peer"]
+    assert set(result["ratios"]) == {"llama.cpp", "transformers"}
+    assert "llama.cpp: prefill" in stdout
