@@ -66,6 +66,10 @@ def test_bench_writes_every_round_and_decodes_the_model(
         "threads": 1,
         "ep": "cpu",
     }
+    assert result["command"] == (
+        f"mobius bench {package} --prompt-tokens {PROMPT} --decode-tokens {DECODE} "
+        f"--rounds {ROUNDS} --threads 1 --ep cpu"
+    )
     assert list(result["peers"]) == ["package"] and result["ratios"] == {}
     assert len(result["prompt"]) == PROMPT
     rounds = result["rounds"]

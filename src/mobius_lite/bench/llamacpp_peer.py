@@ -42,18 +42,21 @@ class LlamaCppPeer:
         self.threads = threads
         self.context = prompt_tokens + decode_tokens + 1  # every position of one pass
         self.calls_per_pass = 1 + decode_tokens
-        self.description = f"{gguf} in llama.cpp ({'GPU offload' if gpu else 'CPU'})"
+        self.description = f"{gguf} in llama.cpp"
         self.llm: Any = None
 
     def open(self) -> None:
         llama_cpp = require("llama_cpp", PURPOSE)
+        # a build without a GPU backend ignores n_gpu_layers: say where it really runs
+        offload = self.gpu and bool(getattr(llama_cpp, "llama_supports_gpu_offload", bool)())
+        self.description += " (every layer offloaded to the GPU)" if offload else " (CPU)"
         self.llm = llama_cpp.Llama(
             model_path=str(self.gguf),
             n_ctx=self.context,
             n_batch=max(512, self.context),
             n_threads=self.threads,
             n_threads_batch=self.threads,
-            n_gpu_layers=-1 if self.gpu else 0,
+            n_gpu_layers=-1 if offload else 0,
             verbose=False,
         )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mobius_lite.bench.measure import PackageSide, Peer, PeerRun, Timed, load_1min, rss_bytes
+from mobius_lite.errors import ConfigError
 
 PROMPT_SEED = 0
 
@@ -26,6 +27,11 @@ class BenchSettings:
     rounds: int
     threads: int
     ep: str
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "decode_tokens", "rounds", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be 1 or more, found {getattr(self, name)}")
 
 
 @dataclass

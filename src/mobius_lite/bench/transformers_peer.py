@@ -19,9 +19,10 @@ from mobius_lite.sources.config_json import read_config_json
 PURPOSE = "timing transformers on a checkpoint"
 
 
-def check_checkpoint(checkpoint: Path) -> None:
-    """ConfigError unless `checkpoint` is a text checkpoint folder transformers can load;
-    MissingPackageError when torch or transformers is not installed (before any weight)."""
+def check_checkpoint(checkpoint: Path, device: str = "cpu") -> None:
+    """ConfigError unless `checkpoint` is a text checkpoint folder transformers can load (on
+    `device`); MissingPackageError when torch or transformers is not installed. Before any
+    weight is read."""
     if not (checkpoint / CONFIG_FILE).is_file():
         raise ConfigError(
             f"{checkpoint} is not a checkpoint folder (no {CONFIG_FILE}); give the folder of "
@@ -32,8 +33,13 @@ def check_checkpoint(checkpoint: Path) -> None:
             f"{checkpoint} is not a text-generation checkpoint; the transformers peer times "
             "text models only"
         )
-    require("torch", PURPOSE)
+    torch = require("torch", PURPOSE)
     require("transformers", PURPOSE)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "this torch sees no CUDA device, so transformers cannot run on the GPU; install "
+            "a CUDA build of torch, or time on the CPU"
+        )
 
 
 class TransformersPeer:

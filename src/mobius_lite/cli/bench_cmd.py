@@ -104,8 +104,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_bench(package, others, settings, progress=not args.no_progress)
     print(table(result))
     if args.json:
-        command = shlex.join(["mobius", *sys.argv[1:]]) if sys.argv else "mobius bench"
-        args.json.write_text(json.dumps(to_json(result, command), indent=2) + "\n")
+        args.json.write_text(json.dumps(to_json(result, _command(args)), indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.chart:
         from mobius_lite.bench.chart import write_chart
@@ -113,6 +112,16 @@ def run(args: argparse.Namespace) -> int:
         write_chart(result, args.chart)
         print(f"wrote {args.chart}", file=sys.stderr)
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that repeats this run, every setting spelled out (defaults too)."""
+    words = ["mobius", "bench", str(args.package)]
+    for flag in ("gguf", "checkpoint", "prompt_tokens", "decode_tokens", "rounds", "threads"):
+        value = getattr(args, flag)
+        if value is not None:
+            words += ["--" + flag.replace("_", "-"), str(value)]
+    return shlex.join([*words, "--ep", args.ep])
 
 
 def _peers(args: argparse.Namespace) -> tuple:
@@ -127,8 +136,9 @@ def _peers(args: argparse.Namespace) -> tuple:
     files = open_package(Path(args.package))
     if args.gguf is not None:
         check_gguf(args.gguf)
+    device = "cuda" if args.ep == "cuda" else "cpu"
     if args.checkpoint is not None:
-        check_checkpoint(args.checkpoint)
+        check_checkpoint(args.checkpoint, device)
     _check_output(args.json, "--json")
     _check_output(args.chart, "--chart")
     if args.chart:
@@ -143,6 +153,5 @@ def _peers(args: argparse.Namespace) -> tuple:
             LlamaCppPeer(args.gguf, gpu, args.threads, args.prompt_tokens, args.decode_tokens)
         )
     if args.checkpoint is not None:
-        device = "cuda" if args.ep == "cuda" else "cpu"
         others.append(TransformersPeer(args.checkpoint, device, args.threads, args.decode_tokens))
     return package, others
