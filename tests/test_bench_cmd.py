@@ -50,10 +50,11 @@ def uncached_greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     return ids[len(prompt) :]
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_bench_writes_every_round_and_decodes_the_model(
-    tiny_package, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    dtype: str, tiny_package, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    package = tiny_package()
+    package = tiny_package(dtype=dtype)
     out, chart = tmp_path / "bench.json", tmp_path / "bench.png"
     args = [str(package), *SMALL, "--json", str(out), "--chart", str(chart)]
     code, stdout, err = bench(args, capsys)
