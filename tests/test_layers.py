@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tasks",),
     ("build",),
     ("evaluation",),
+    ("bench",),
     ("cli",),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

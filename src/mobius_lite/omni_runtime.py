@@ -73,14 +73,22 @@ class Prepared:
 class OmniSession:
     """onnxruntime sessions over an Omni package's graphs."""
 
-    def __init__(self, package_dir: str | Path, providers: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        package_dir: str | Path,
+        providers: list[str] | None = None,
+        session_options: Any = None,
+    ) -> None:
         self.directory = Path(package_dir)
+        self.session_options = session_options  # every graph's (threads, profiling), or None
         self.files = open_package(self.directory)  # every graph and data file, before a session
         self.config = OmniConfig.from_dict(read_config_json(self.directory / CONFIG_FILE))
         self.providers = providers or [CPU]
         self._sessions: dict[GraphRole, Any] = {}
         self._inputs: dict[GraphRole, dict[str, np.dtype]] = {}
-        self.decoder = DecoderSession(self.files.graph(GraphRole.DECODER), self.providers)
+        self.decoder = DecoderSession(
+            self.files.graph(GraphRole.DECODER), self.providers, session_options
+        )
         self.hidden = self.config.text.hidden_size
         self.embedding_inputs = set(self._input_dtypes(GraphRole.EMBEDDING))
         # media features enter the embedding graph in its own element type
@@ -95,7 +103,9 @@ class OmniSession:
 
     def _graph(self, role: GraphRole) -> Any:
         if role not in self._sessions:
-            self._sessions[role] = create_session(self.files.graph(role), self.providers)
+            self._sessions[role] = create_session(
+                self.files.graph(role), self.providers, self.session_options
+            )
             self._inputs[role] = input_dtypes(self._sessions[role])
         return self._sessions[role]
 

@@ -19,6 +19,7 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
     "torch": ("torch", "reference"),
     "transformers": ("transformers", "reference"),
     "onnxruntime_genai": ("onnxruntime-genai", "genai"),
+    "llama_cpp": ("llama-cpp-python", "llamacpp"),
 }
 
 
