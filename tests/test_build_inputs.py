@@ -1,0 +1,168 @@
+"""Bad inputs to `mobius build` and the Python build API (issue 30), each one line, exit 2 from
+the CLI, no traceback, nothing left behind: a disk too small or filling up, `--output .`,
+mistyped local paths, configs lacking a field the tensors determine, broken tokenizer files,
+routes that cannot run on the chosen provider (docs/bad_inputs_build.md lists them)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from mobius_lite.cli.main import main
+from mobius_lite.sources import SafetensorsCheckpoint
+from mobius_lite.weights import disk_space, writer
+
+LAYERS = ["mamba", "moe", "attention", "mlp"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_checkpoint) -> Path:
+    return tiny_checkpoint(LAYERS).path
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line(code: int, err: str, *expected: str) -> None:
+    assert code == 2, err
+    assert err.startswith("mobius build: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for text in expected:
+        assert text in err, err
+
+
+def tree(directory: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    }
+
+
+def refuse_tensor_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self, name, *args, **kwargs):
+        raise AssertionError(f"tensor data of {name} was read before the error")
+
+    monkeypatch.setattr(SafetensorsCheckpoint, "read", refuse)
+    monkeypatch.setattr(SafetensorsCheckpoint, "byte_range", refuse)
+
+
+# --------------------------------------------------------------------------- item 3: disk space
+Usage = namedtuple("Usage", "total used free")
+
+
+def test_too_little_free_space_is_refused_before_any_read(
+    checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: the export ran until the disk was full and ended in an OSError traceback."""
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: Usage(10**6, 10**6, 1000))
+    refuse_tensor_reads(monkeypatch)
+    out = tmp_path / "out" / "pkg"
+    out.parent.mkdir()
+    code, _, err = run_cli(["build", "--model", str(checkpoint), "--output", str(out)], capsys)
+    assert_one_line(code, err, "not enough free space", "has 1000 bytes", "mounted at")
+    needed = int(err.split("weights need ")[1].split(" bytes")[0])
+    assert needed > 1000
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_a_disk_that_fills_during_the_export(checkpoint, tmp_path, monkeypatch, capsys) -> None:
+    """ENOSPC from the shard writer (the disk filled after the check): one line naming the
+    filesystem and the bytes still needed; the staging directory and its lock are gone."""
+    original = writer._ShardWriter.write
+    calls = []
+
+    def fill(self, data) -> None:
+        calls.append(len(data))
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, data)
+
+    monkeypatch.setattr(writer._ShardWriter, "write", fill)
+    out = tmp_path / "out" / "pkg"
+    out.parent.mkdir()
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "-q"]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line(code, err, "filled up while writing", "still needed", "mounted at")
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_a_full_disk_keeps_the_old_package(checkpoint, tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "pkg"
+    assert main(["build", "--model", str(checkpoint), "--output", str(out), "-q"]) == 0
+    before = tree(out)
+
+    def full(self, data) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer._ShardWriter, "write", full)
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "-q", "--overwrite"]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line(code, err, "filled up while writing")
+    assert tree(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+# --------------------------------------------------------------------------- item 4: --output .
+@pytest.mark.parametrize("output", [".", "./", ""])
+def test_output_dot_in_an_empty_directory(output, checkpoint, tmp_path, monkeypatch) -> None:
+    """Before: the package was staged inside "." and then refused as ". exists and is not
+    empty", after the whole export."""
+    from mobius_lite.weights.verify import verify_package
+
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["build", "--model", str(checkpoint), "--output", output, "-q"]) == 0
+    assert (here / "manifest.json").is_file() and (here / "model.onnx").is_file()
+    assert Path.cwd().resolve() == here.resolve()  # the working directory itself, not a rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no staging leftovers
+    assert verify_package(here, SafetensorsCheckpoint(checkpoint), quiet=True).ok
+
+
+def test_output_dot_overwrite_inside_a_package_is_refused_up_front(
+    checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: the whole export ran, then the rename of "." failed with an EBUSY traceback."""
+    here = tmp_path / "here"
+    assert main(["build", "--model", str(checkpoint), "--output", str(here), "-q"]) == 0
+    before = tree(here)
+    monkeypatch.chdir(here)
+    refuse_tensor_reads(monkeypatch)
+    args = ["build", "--model", str(checkpoint), "--output", ".", "--overwrite", "-q"]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line(code, err, "is the current directory", f"with the output {here.name}")
+    assert tree(here) == before and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+
+
+def test_api_errors_name_no_cli_flag_alone(checkpoint, tmp_path) -> None:
+    """The Python API's refusal names the keyword argument (it said "pass --overwrite")."""
+    import mobius_lite
+    from mobius_lite.errors import PackageError
+
+    out = tmp_path / "pkg"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    with pytest.raises(PackageError, match=r"overwrite=True"):
+        mobius_lite.build(checkpoint).save(out)
+
+
+def copy_checkpoint(checkpoint: Path, tmp_path: Path, **edits) -> Path:
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(checkpoint, copy)
+    config = json.loads((copy / "config.json").read_text())
+    for key, value in edits.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
