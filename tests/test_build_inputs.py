@@ -166,3 +166,22 @@ def copy_checkpoint(checkpoint: Path, tmp_path: Path, **edits) -> Path:
             config[key] = value
     (copy / "config.json").write_text(json.dumps(config))
     return copy
+
+
+# --------------------------------------------------------------------------- item 8: paths
+@pytest.mark.parametrize("model", ["ck/dens", "ck/dens.gguf"])
+def test_mistyped_relative_path_says_the_path_not_the_network(
+    model, checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """`ck/` exists, `ck/dens` does not. Before: taken for a hub id, and the message blamed
+    the network ("could not be fetched ... check the network connection"), or for a .gguf
+    name "is a hub repository: name its GGUF file with --gguf-file"."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tests never download
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ck").mkdir()
+    shutil.copytree(checkpoint, tmp_path / "ck" / "dense")
+    code, _, err = run_cli(["build", "--model", model, "--output", "out", "-q"], capsys)
+    name = model.split("/")[1]
+    assert_one_line(code, err, f"{model}: no such file or directory", f"holds no {name!r}")
+    assert "network" not in err and not (tmp_path / "out").exists()

@@ -29,6 +29,7 @@ from mobius_lite.sources.hub import (
     hub_errors,
     hub_offline,
     is_hub_id,
+    mistyped_path,
 )
 from mobius_lite.sources.open import OpenedCheckpoint
 
@@ -92,7 +93,7 @@ def resolve_gguf(
     text = str(model)
     if is_hub_id(text):
         if gguf_file is None:
-            raise ConfigError(
+            raise mistyped_path(text, "names no GGUF file (--gguf-file)") or ConfigError(
                 f"{text} is a hub repository: name its GGUF file with --gguf-file "
                 "(e.g. model-Q4_K_M.gguf)"
             )

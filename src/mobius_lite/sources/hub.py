@@ -224,5 +224,21 @@ def resolve_checkpoint(
 ) -> ResolvedCheckpoint:
     """A local directory as is, or a hub id fetched at its pinned / requested revision."""
     if is_hub_id(str(model)):
-        return resolve_hub(str(model), revision, weights=weights)
+        try:
+            return resolve_hub(str(model), revision, weights=weights)
+        except HubError as exc:
+            raise mistyped_path(str(model)) or exc from None
     return resolve_local(model, revision)
+
+
+def mistyped_path(model: str, hub: str = "could not be fetched either") -> ConfigError | None:
+    """For an `org/name` that is no local path while `org` is a local directory (`ck/dens`
+    with `ck/` here): most likely a mistyped local path, so say that first, not the network
+    (`hub`: what became of it as a hub id)."""
+    folder, _, name = model.partition("/")
+    if not Path(folder).expanduser().is_dir():
+        return None
+    return ConfigError(
+        f"{model}: no such file or directory ({folder}/ exists but holds no {name!r}), and as "
+        f"a hub model id it {hub}; check the path (ls {folder}/)"
+    )
