@@ -185,3 +185,28 @@ def test_mistyped_relative_path_says_the_path_not_the_network(
     name = model.split("/")[1]
     assert_one_line(code, err, f"{model}: no such file or directory", f"holds no {name!r}")
     assert "network" not in err and not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- item 9: fields
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ("hidden_size", "its tensors say 32 (backbone.embeddings.weight is [97, 32])"),
+        ("vocab_size", "its tensors say 97 (backbone.embeddings.weight is [97, 32])"),
+        ("mamba_num_heads", "its tensors say 4 (backbone.layers.0.mixer.A_log is [4])"),
+        ("intermediate_size", "its tensors say 48 (backbone.layers.3.mixer.up_proj.weight"),
+    ],
+)
+def test_a_field_the_tensors_determine_is_named(
+    field, says, checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: the default (hidden_size 4096, as transformers) was taken, and the error listed
+    about 30 wrong-shape tensors (1,849 characters) without naming the field."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert (config["hidden_size"], config["vocab_size"]) == (32, 97)  # what `says` expects
+    broken = copy_checkpoint(checkpoint, tmp_path, **{field: None})
+    refuse_tensor_reads(monkeypatch)
+    out = tmp_path / "out"
+    code, _, err = run_cli(["build", "--model", str(broken), "--output", str(out)], capsys)
+    assert_one_line(code, err, f"config.json has no {field}; {says}", f'add "{field}"')
+    assert len(err) < 300 and not out.exists()

@@ -13,8 +13,10 @@ from typing import Any
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
+from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES
 from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import ConfigError
+from mobius_lite.models.nemotron_h_fields import check_tensor_fields, stated_fields
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
@@ -49,6 +51,24 @@ def check_task(task: str | None, model_type: str | None = None) -> str:
             "(leave --task out to use it)"
         )
     return task
+
+
+def decoder_raw_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's part of a config dict: an Omni config's text_config (llm_config), else
+    the config itself."""
+    for key in ("text_config", "llm_config"):
+        if isinstance(raw.get(key), dict):
+            return raw[key]
+    return raw
+
+
+def check_fields_against_tensors(
+    raw: dict[str, Any], model_type: ModelType, parsed: ModelConfig, source: TensorSource
+) -> None:
+    """A field config.json leaves out whose default the tensors contradict (hidden_size,
+    vocab_size, ...) is named now, before the binding lists every wrong-shape tensor."""
+    stated = stated_fields(decoder_raw_config(raw), LEGACY_FIELD_NAMES)
+    check_tensor_fields(stated, model_type.decoder(parsed), source, layout_of(source))
 
 
 def package_graphs(
@@ -97,6 +117,7 @@ def build(
     model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source = opened.tensors()
+    check_fields_against_tensors(opened.raw_config, model_type, parsed, source)
     options = ExportOptions(
         precision,
         backend,
