@@ -210,3 +210,35 @@ def test_a_field_the_tensors_determine_is_named(
     code, _, err = run_cli(["build", "--model", str(broken), "--output", str(out)], capsys)
     assert_one_line(code, err, f"config.json has no {field}; {says}", f'add "{field}"')
     assert len(err) < 300 and not out.exists()
+
+
+# --------------------------------------------------------------------------- item 11: Python API
+@pytest.mark.parametrize(
+    ("module", "config", "expected"),
+    [
+        ("linear", None, "the Linear module has no config"),
+        ("object", None, "takes a torch module"),
+        ("linear", 3, "config must be a dict or a transformers config"),
+    ],
+)
+def test_build_from_module_of_something_else(module, config, expected) -> None:
+    """Before: build_from_module(torch.nn.Linear(2, 2)) raised a raw AttributeError."""
+    import torch
+
+    import mobius_lite
+    from mobius_lite.errors import ConfigError
+
+    given = torch.nn.Linear(2, 2) if module == "linear" else object()
+    with pytest.raises(ConfigError, match=expected):
+        mobius_lite.build_from_module(given, config=config)
+
+
+def test_api_route_errors_name_the_keyword_arguments(checkpoint) -> None:
+    """A Python caller is told the keyword arguments, not only the CLI flags."""
+    import mobius_lite
+    from mobius_lite.errors import RouteError
+
+    with pytest.raises(RouteError, match=r"ep='cuda'.*dtype='f32'"):
+        mobius_lite.build(checkpoint, dtype="bf16")
+    with pytest.raises(RouteError, match=r"weights_backend='ort'"):
+        mobius_lite.build(checkpoint, activations="int8")

@@ -48,7 +48,7 @@ def check_task(task: str | None, model_type: str | None = None) -> str:
     if model_type is not None and task != default:
         raise ConfigError(
             f"task {task!r} does not fit model_type {model_type!r}; its task is {default!r} "
-            "(leave --task out to use it)"
+            "(leave --task out, task=None in Python, to use it)"
         )
     return task
 
@@ -141,6 +141,33 @@ def build(
     )
 
 
+def module_config(module: Any, config: Any = None) -> dict[str, Any]:
+    """The config dict of an in-memory model: `config` when given (a dict, or an object with
+    to_dict()), else `module.config`; ConfigError for anything else (e.g. a torch.nn.Linear)."""
+    what = type(module).__name__
+    if not callable(getattr(module, "state_dict", None)):
+        raise ConfigError(
+            f"build_from_module takes a torch module (a transformers NemotronHForCausalLM or "
+            f"Omni model); got a {what}. For a checkpoint on disk or a hub id use build()"
+        )
+    raw = config if config is not None else getattr(module, "config", None)
+    if raw is None:
+        raise ConfigError(
+            f"the {what} module has no config: build_from_module exports a transformers "
+            "NemotronHForCausalLM (or Omni model), whose .config describes it; pass config= "
+            "(the model's config dict) for another module holding such weights"
+        )
+    if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
+        to_dict = getattr(raw, "to_dict", None)
+        if not callable(to_dict):
+            raise ConfigError(
+                f"config must be a dict or a transformers config (with to_dict()); got a "
+                f"{type(raw).__name__}"
+            )
+        raw = to_dict()
+    return raw
+
+
 def build_from_module(
     module: Any,
     config: Any = None,
@@ -157,9 +184,7 @@ def build_from_module(
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
-    raw = config if config is not None else module.config
-    if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
-        raw = raw.to_dict()
+    raw = module_config(module, config)
     check_task(task, raw.get("model_type"))
     model_type, parsed = read_config(raw)
     source = MemorySource(checkpoint_state_dict(module))

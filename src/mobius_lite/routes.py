@@ -36,7 +36,8 @@ def parse_provider(ep: str) -> str:
     if key not in EXECUTION_PROVIDERS:
         raise RouteError(
             f"execution provider {ep!r} is not supported; choose one of "
-            f"{', '.join(EXECUTION_PROVIDERS)} (--ep cpu or --ep cuda)"
+            f"{', '.join(EXECUTION_PROVIDERS)} (--ep cpu or --ep cuda; ep='cpu' or 'cuda' in "
+            "Python)"
         )
     return key
 
@@ -48,13 +49,14 @@ def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str
     allowed = PROVIDER_PRECISIONS[provider]
     if precision not in allowed:
         others = [p for p, runs in PROVIDER_PRECISIONS.items() if precision in runs]
-        choices = " or ".join(f"--dtype {p.value}" for p in allowed)
+        choices = " or ".join(f"--dtype {p.value} (dtype='{p.value}')" for p in allowed)
         raise RouteError(
             f"dtype {precision.value} cannot run on the {provider} execution provider "
             f"(onnxruntime's {provider} provider has no {precision.value} kernels for MatMul, "
             "Gemm or Add); "
             f"{provider} supports {', '.join(p.value for p in allowed)}. "
-            f"Use {' or '.join(f'--ep {o}' for o in others)} to build for a provider that runs "
+            f"Use {' or '.join(f'--ep {o} (ep={o!r})' for o in others)} to build for a provider "
+            "that runs "
             f"{precision.value}, or {choices} to stay on {provider}."
         )
     return precision, provider
@@ -87,17 +89,24 @@ def check_activations(
         ) from None
     if mode is Activations.EXACT:
         return mode
-    needs = []
+    needs, keywords = [], []
     if backend is not Backend.ORT:
         needs.append("--backend ort (the fused kernels are onnxruntime's com.microsoft ops)")
+        keywords.append("weights_backend='ort'")
     if precision is not Precision.F32:
         needs.append(f"--dtype f32 (the exact layouts' scales are f32; got {precision.value})")
+        keywords.append("dtype='f32'")
     if provider != "cpu":
         needs.append(
             f"--ep cpu (the route is built and tested for the CPU kernels; got {provider})"
         )
+        keywords.append("ep='cpu'")
     if needs:
-        raise RouteError(f"--activations {mode.value} needs " + " and ".join(needs))
+        raise RouteError(
+            f"--activations {mode.value} needs "
+            + " and ".join(needs)
+            + f"; in Python: activations={mode.value!r} needs {', '.join(keywords)}"
+        )
     return mode
 
 

@@ -110,7 +110,8 @@ def resolve_local(model: str | Path, revision: str | None = None) -> ResolvedChe
     if revision:
         raise ConfigError(
             f"--revision {revision} was given with the local directory {model}; a revision "
-            "selects a commit of a hub model id: drop --revision or pass the hub id"
+            "selects a commit of a hub model id: drop --revision (revision=None in Python) or "
+            "pass the hub id"
         )
     path = path.resolve()
     return ResolvedCheckpoint(path=path, model=str(path), revision=_cache_revision(path), hub=False)
@@ -128,7 +129,7 @@ def hub_errors(model_id: str, revision: str | None) -> Iterator[None]:
     except hub_errors_module.RevisionNotFoundError:
         raise HubError(
             f"revision {revision!r} does not exist in {model_id}; pass a commit SHA, branch or "
-            "tag of that repository with --revision"
+            "tag of that repository with --revision (revision=...)"
         ) from None
     except hub_errors_module.GatedRepoError:
         raise HubError(
