@@ -242,3 +242,72 @@ def test_api_route_errors_name_the_keyword_arguments(checkpoint) -> None:
         mobius_lite.build(checkpoint, dtype="bf16")
     with pytest.raises(RouteError, match=r"weights_backend='ort'"):
         mobius_lite.build(checkpoint, activations="int8")
+
+
+# --------------------------------------------------------------------------- item 5: --ep
+@pytest.mark.parametrize(
+    ("variant", "kernel"),
+    [("nvfp4", "MatMulBlockQuantizedFp4Weight"), ("fp8", "MatMulBlockQuantizedFp8Weight")],
+)
+def test_modelopt_ort_route_is_refused_for_cpu(
+    variant, kernel, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: `--backend ort --dtype f16` on a ModelOpt checkpoint built (exit 0) a package for
+    the default --ep cpu, whose kernels exist only on CUDA; qualify and generate then failed."""
+    import modelopt_fixtures as mf
+
+    checkpoint = tmp_path / variant
+    mf.write_checkpoint(variant, checkpoint)
+    capsys.readouterr()  # save_pretrained's progress bar
+    refuse_tensor_reads(monkeypatch)
+    out = tmp_path / "out"
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "--backend", "ort"]
+    code, _, err = run_cli([*args, "--dtype", "f16"], capsys)
+    assert_one_line(code, err, kernel, "no kernel on the cpu execution provider", "--ep cuda")
+    assert not out.exists()
+
+
+def tiny_kernel_model(kernel: str) -> bytes:
+    """One `kernel` node with f16 activations [1, 16] and a [4, 16] weight in its layout."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    if kernel == "MatMulBlockQuantizedFp4Weight":
+        weights = [
+            helper.make_tensor("w", TensorProto.UINT8, [4, 8], np.zeros(32, np.uint8)),
+            helper.make_tensor("s", TensorProto.UINT8, [4, 1], np.zeros(4, np.uint8)),
+            helper.make_tensor("s2", TensorProto.FLOAT, [], [1.0]),
+        ]
+        attributes = {"block_size": 16}
+    else:
+        weights = [
+            helper.make_tensor("w", TensorProto.FLOAT8E4M3FN, [4, 16], [0.0] * 64),
+            helper.make_tensor("s", TensorProto.FLOAT, [], [1.0]),
+        ]
+        attributes = {}
+    inputs = ["x", *(w.name for w in weights)]
+    node = helper.make_node(kernel, inputs, ["y"], domain="com.microsoft", **attributes)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+        weights,
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+def test_missing_cpu_kernels_are_onnxruntime_facts() -> None:
+    """Every operator routes.py lists as having no CPU kernel is an operator onnxruntime knows
+    (its schema is registered) whose CPU session creation fails with NOT_IMPLEMENTED."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.capi import _pybind_state
+
+    from mobius_lite.routes import PROVIDER_MISSING_KERNELS
+
+    schemas = {s.name for s in _pybind_state.get_all_operator_schema()}
+    for kernel in PROVIDER_MISSING_KERNELS["cpu"]:
+        assert kernel in schemas, kernel
+        with pytest.raises(Exception, match=f"NOT_IMPLEMENTED.*{kernel}"):
+            ort.InferenceSession(tiny_kernel_model(kernel), providers=["CPUExecutionProvider"])

@@ -20,6 +20,7 @@ from mobius_lite.models.nemotron_h_fields import check_tensor_fields, stated_fie
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
+    check_graph_kernels,
     check_route,
     check_weight_format,
     parse_backend,
@@ -127,6 +128,7 @@ def build(
         binding_hint=opened.binding_hint,
     )
     exported = package_graphs(model_type, parsed, source, options)
+    check_graph_kernels((g.model for g in exported.graphs), provider)
     return ModelPackage(
         config=exported.decoder,
         precision=precision,
@@ -190,6 +192,7 @@ def build_from_module(
     source = MemorySource(checkpoint_state_dict(module))
     options = ExportOptions(precision, backend, activations=mode, binding_hint=MODULE_HINT)
     exported = package_graphs(model_type, parsed, source, options)
+    check_graph_kernels((g.model for g in exported.graphs), provider)
     return ModelPackage(
         config=exported.decoder,
         precision=precision,

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import RouteError
@@ -24,6 +25,18 @@ EXECUTION_PROVIDERS = ("cpu", "cuda")
 PROVIDER_PRECISIONS: dict[str, tuple[Precision, ...]] = {
     "cpu": (Precision.F32, Precision.F16),
     "cuda": (Precision.F32, Precision.F16, Precision.BF16),
+}
+
+# com.microsoft operators the export emits that a provider has no kernel for: a graph holding
+# one cannot create a session there (onnxruntime 1.32's CPU provider: NOT_IMPLEMENTED "Could not
+# find an implementation for MatMulBlockQuantizedFp4Weight(1)"; its kernels are CUDA-only).
+# Each entry names the route that emits the operator. tests/test_build_inputs.py checks every
+# entry against the installed onnxruntime's CPU provider.
+PROVIDER_MISSING_KERNELS: dict[str, dict[str, str]] = {
+    "cpu": {
+        "MatMulBlockQuantizedFp4Weight": "ModelOpt NVFP4 weights on --backend ort",
+        "MatMulBlockQuantizedFp8Weight": "ModelOpt FP8 weights on --backend ort",
+    },
 }
 
 # Source element types that bind to dense parameters by a plain (lossless or rounding) cast.
@@ -60,6 +73,28 @@ def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str
             f"{precision.value}, or {choices} to stay on {provider}."
         )
     return precision, provider
+
+
+def check_graph_kernels(models: Iterable[ir.Model], provider: str) -> None:
+    """Refuse graphs that use an operator the provider has no kernel for (checked on the built
+    graphs, before any weight is read): the package could never create a session there."""
+    missing = PROVIDER_MISSING_KERNELS.get(provider, {})
+    for model in models:
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            route = missing.get(node.op_type) if node.domain == "com.microsoft" else None
+            if route is None:
+                continue
+            others = [
+                p
+                for p in EXECUTION_PROVIDERS
+                if node.op_type not in PROVIDER_MISSING_KERNELS.get(p, {})
+            ]
+            raise RouteError(
+                f"{route} compute with onnxruntime's {node.op_type}, which has no kernel on the "
+                f"{provider} execution provider (session creation fails there); build for "
+                f"{' or '.join(f'--ep {o} (ep={o!r})' for o in others)}, or with --backend "
+                f"standard (weights_backend='standard') to run on {provider}"
+            )
 
 
 def parse_backend(value: Backend | str) -> Backend:
