@@ -311,3 +311,35 @@ def test_missing_cpu_kernels_are_onnxruntime_facts() -> None:
         assert kernel in schemas, kernel
         with pytest.raises(Exception, match=f"NOT_IMPLEMENTED.*{kernel}"):
             ort.InferenceSession(tiny_kernel_model(kernel), providers=["CPUExecutionProvider"])
+
+
+# --------------------------------------------------------------------------- item 6: tokenizer
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}', "EOF while parsing"),
+        ('{"version": "1.0", "model": {"type": "Nope"}}', "did not match any variant"),
+        ("", "EOF while parsing"),
+    ],
+    ids=["cut", "unknown-model", "empty"],
+)
+def test_broken_tokenizer_is_refused_at_build(
+    text, reason, checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: published without a word (exit 0); generate then failed on it (and the
+    onnxruntime-genai example with a traceback). The `tokenizers` library is the judge."""
+    from tokenizers import Tokenizer
+
+    broken = copy_checkpoint(checkpoint, tmp_path)
+    (broken / "tokenizer.json").write_text(text)
+    with pytest.raises(Exception, match=reason):
+        Tokenizer.from_file(str(broken / "tokenizer.json"))
+    refuse_tensor_reads(monkeypatch)
+    out = tmp_path / "out"
+    code, _, err = run_cli(["build", "--model", str(broken), "--output", str(out)], capsys)
+    assert_one_line(code, err, "tokenizer.json cannot be loaded as a tokenizer", reason)
+    assert "remove it to export a package without a tokenizer" in err and not out.exists()
+    # as the message says: without the file, the export goes through
+    monkeypatch.undo()
+    (broken / "tokenizer.json").unlink()
+    assert main(["build", "--model", str(broken), "--output", str(out), "-q"]) == 0

@@ -29,6 +29,7 @@ from mobius_lite.source_kinds import SOURCE_KINDS, layout_of, open_checkpoint
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.memory import checkpoint_state_dict
+from mobius_lite.sources.tokenizer_file import check_tokenizer_json
 from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraphs
 from mobius_lite.tasks.options import ExportOptions
 
@@ -114,6 +115,7 @@ def build(
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
+    check_tokenizer_json(opened.extra_files)
     # the one parse of the config: its errors come before any weight download
     model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good

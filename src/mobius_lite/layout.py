@@ -7,10 +7,11 @@ from mobius_lite.enums import GraphRole
 MANIFEST_FILE = "manifest.json"
 GENAI_CONFIG_FILE = "genai_config.json"
 CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
 # Checkpoint files copied into the package unchanged when the source has them: tokenizer,
 # generation and (Omni) processor configuration.
 TOKENIZER_FILES = (
-    "tokenizer.json",
+    TOKENIZER_FILE,
     "tokenizer_config.json",
     "special_tokens_map.json",
     "tokenizer.model",
