@@ -343,3 +343,34 @@ def test_broken_tokenizer_is_refused_at_build(
     monkeypatch.undo()
     (broken / "tokenizer.json").unlink()
     assert main(["build", "--model", str(broken), "--output", str(out), "-q"]) == 0
+
+
+# --------------------------------------------------------------------------- item 7: GGUF tokens
+def test_gguf_tokenizer_holds_only_the_files_tokens(tmp_path, capsys) -> None:
+    """A byte-level BPE GGUF (llama.cpp's converter layout) whose tokens equal the model's
+    vocabulary and that has no <|endoftext|>. Before: the rebuilt tokenizer.json appended
+    <|endoftext|> after the last id, and every build warned that the tokenizer may not
+    belong to the checkpoint. Reference: the token list gguf-py reads from the file."""
+    import gguf
+    from tokenizers import Tokenizer
+
+    from gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from nemotron_reference import make_reference
+
+    corpus = ["the quick brown fox jumps over the lazy dog", "state space models"] * 4
+    source = build_bpe_tokenizer(corpus, vocab_size=300)
+    size = source.get_vocab_size()
+    assert "<|endoftext|>" not in source.get_vocab()
+    model = make_reference({"layers_block_type": ["mamba", "attention"], "vocab_size": size})
+    path = write_gguf(tmp_path / "m.gguf", model, "nemotron_h", {}, tokenizer=source)[0]
+    field = gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"]
+    file_tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    assert len(file_tokens) == size
+    capsys.readouterr()
+    out = tmp_path / "pkg"
+    code, _, err = run_cli(["build", "--model", str(path), "--output", str(out), "-q"], capsys)
+    assert code == 0 and err == "", err  # no "may not belong" warning
+    rebuilt = Tokenizer.from_file(str(out / "tokenizer.json"))
+    vocab = rebuilt.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    assert by_id == [(t, i) for i, t in enumerate(file_tokens)]
