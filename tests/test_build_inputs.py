@@ -374,3 +374,35 @@ def test_gguf_tokenizer_holds_only_the_files_tokens(tmp_path, capsys) -> None:
     vocab = rebuilt.get_vocab(with_added_tokens=True)
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     assert by_id == [(t, i) for i, t in enumerate(file_tokens)]
+
+
+# --------------------------------------------------------------------------- absent MTP head
+def test_a_declared_but_absent_mtp_head_is_said(tmp_path, capsys) -> None:
+    """num_nextn_predict_layers: 1 with no mtp.* tensors (what save_pretrained writes). Before:
+    built without mtp.onnx and without a word. The checkpoint's own tensor names are the
+    reference: the head's fusion weight is absent; with it added, no warning and mtp.onnx."""
+    import mobius_lite
+    from mobius_lite.build import BuildWarning
+    from mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
+    from nemotron_reference import make_reference
+
+    bare = tmp_path / "bare"
+    model = make_reference({"layers_block_type": HEAD_PATTERN, "num_nextn_predict_layers": 1})
+    model.save_pretrained(bare)
+    assert not any(n.startswith("mtp.") for n in SafetensorsCheckpoint(bare).names())
+    capsys.readouterr()
+    out = tmp_path / "pkg"
+    code, _, err = run_cli(["build", "--model", str(bare), "--output", str(out), "-q"], capsys)
+    assert code == 0 and err.startswith("warning: ") and err.count("\n") == 1, err
+    assert "num_nextn_predict_layers=1" in err and "no mtp.onnx" in err
+    assert not (out / "mtp.onnx").exists() and (out / "manifest.json").is_file()
+    with pytest.warns(BuildWarning, match="multi-token-prediction head"):
+        mobius_lite.build(bare)
+
+    head = tmp_path / "head"
+    write_nemotron_h_mtp_checkpoint(head)
+    capsys.readouterr()
+    out = tmp_path / "pkg-head"
+    code, _, err = run_cli(["build", "--model", str(head), "--output", str(out), "-q"], capsys)
+    assert code == 0 and err == "", err
+    assert (out / "mtp.onnx").is_file()

@@ -7,6 +7,7 @@ hub ids), weight format, then every tensor name, shape and dtype from safetensor
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
 from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES
-from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.enums import Activations, Backend, GraphRole, Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.models.nemotron_h_fields import check_tensor_fields, stated_fields
+from mobius_lite.models.nemotron_h_names import MTP_FUSION_WEIGHT
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
@@ -34,6 +36,11 @@ from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraph
 from mobius_lite.tasks.options import ExportOptions
 
 MODULE_HINT = "Check that the config given belongs to this module's weights."
+
+
+class BuildWarning(UserWarning):
+    """Something about the checkpoint the package does not carry, said without stopping the
+    build (the CLI prints each as one `warning:` line on stderr)."""
 
 
 def check_task(task: str | None, model_type: str | None = None) -> str:
@@ -71,6 +78,24 @@ def check_fields_against_tensors(
     vocab_size, ...) is named now, before the binding lists every wrong-shape tensor."""
     stated = stated_fields(decoder_raw_config(raw), LEGACY_FIELD_NAMES)
     check_tensor_fields(stated, model_type.decoder(parsed), source, layout_of(source))
+
+
+def warn_absent_mtp_head(exported: TaskGraphs, source: TensorSource) -> None:
+    """A UserWarning (one line on the CLI's stderr) when the config declares a multi-token-
+    prediction head that the checkpoint does not hold: transformers' save_pretrained drops
+    the mtp.* tensors, and the package then has no mtp.onnx although the config promised one."""
+    config = exported.decoder
+    exported_head = any(g.role is GraphRole.MTP for g in exported.graphs)
+    if not config.has_mtp_head or exported_head or layout_of(source).mtp_head_present(source):
+        return
+    warnings.warn(
+        f"the config declares a multi-token-prediction head (num_nextn_predict_layers="
+        f"{config.num_nextn_predict_layers}) but the checkpoint holds none of its tensors (no "
+        f"{MTP_FUSION_WEIGHT}; transformers' save_pretrained drops mtp.*): the package has no "
+        f"{GraphRole.MTP.file_name}, so speculative decoding is not available",
+        BuildWarning,
+        stacklevel=3,
+    )
 
 
 def package_graphs(
@@ -131,6 +156,7 @@ def build(
     )
     exported = package_graphs(model_type, parsed, source, options)
     check_graph_kernels((g.model for g in exported.graphs), provider)
+    warn_absent_mtp_head(exported, source)
     return ModelPackage(
         config=exported.decoder,
         precision=precision,
@@ -195,6 +221,7 @@ def build_from_module(
     options = ExportOptions(precision, backend, activations=mode, binding_hint=MODULE_HINT)
     exported = package_graphs(model_type, parsed, source, options)
     check_graph_kernels((g.model for g in exported.graphs), provider)
+    warn_absent_mtp_head(exported, source)
     return ModelPackage(
         config=exported.decoder,
         precision=precision,

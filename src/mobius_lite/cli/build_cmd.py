@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
-from mobius_lite.build import SUPPORTED_TASKS, build
+from mobius_lite.build import SUPPORTED_TASKS, BuildWarning, build
 from mobius_lite.cli import COMMANDS
 from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import Backend, Precision
@@ -175,18 +176,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
     check_destination(output, args.overwrite)  # before any download or read
-    package = build(
-        args.model,
-        dtype=args.dtype,
-        revision=args.revision,
-        ep=args.ep,
-        task=args.task,
-        weights_backend=args.weights_backend,
-        dequantize=args.dequantize,
-        gguf_file=args.gguf_file,
-        config=args.config,
-        activations=args.activations,
-    )
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", BuildWarning)
+        package = build(
+            args.model,
+            dtype=args.dtype,
+            revision=args.revision,
+            ep=args.ep,
+            task=args.task,
+            weights_backend=args.weights_backend,
+            dequantize=args.dequantize,
+            gguf_file=args.gguf_file,
+            config=args.config,
+            activations=args.activations,
+        )
+    for warning in said:  # the build's own warnings, one line each (e.g. an absent MTP head)
+        if issubclass(warning.category, BuildWarning):
+            print(f"warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
     source = package.metadata.get("source", {})
     if not args.quiet:
         revision = source.get("revision") or "(local directory, no revision)"
