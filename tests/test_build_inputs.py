@@ -406,3 +406,108 @@ def test_a_declared_but_absent_mtp_head_is_said(tmp_path, capsys) -> None:
     code, _, err = run_cli(["build", "--model", str(head), "--output", str(out), "-q"], capsys)
     assert code == 0 and err == "", err
     assert (out / "mtp.onnx").is_file()
+
+
+# --------------------------------------------------------------------------- signals after publish
+SIGNAL_CHILD = """\
+import os, signal, sys
+from mobius_lite.cli import build_cmd, main as cli_main
+from mobius_lite.weights import publish as publish_module
+
+moment = sys.argv[1]
+sys.argv = ["mobius", *sys.argv[2:]]  # the process entry: main() reads sys.argv itself
+
+if moment == "during-publish":  # arrives while the renames run, so it is deferred past them
+    original = publish_module._publish
+    def publish_then_signal(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+    publish_module._publish = publish_then_signal
+elif moment == "after-wrote":  # arrives while `wrote ...` is printed
+    def print_then_signal(*args, **kwargs):
+        print(*args, **kwargs)
+        if args and str(args[0]).startswith("wrote "):
+            os.kill(os.getpid(), signal.SIGTERM)
+    build_cmd.print = print_then_signal
+code = cli_main.main()
+if moment == "after-main":  # arrives during the interpreter's exit
+    signal.raise_signal(signal.SIGTERM)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("moment", ["during-publish", "after-wrote", "after-main"])
+def test_sigterm_after_the_package_is_complete(moment, checkpoint, tmp_path) -> None:
+    """Before: a SIGTERM landing after `wrote ...` exited 143 (or 2, "the unfinished export
+    was removed") although the package was complete. Now: exit 0, the package in place and
+    whole (every weight byte checked against the checkpoint)."""
+    import os
+    import subprocess
+    import sys
+
+    from mobius_lite.weights.verify import verify_package
+
+    script = tmp_path / "child.py"
+    script.write_text(SIGNAL_CHILD)
+    out = tmp_path / "pkg"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [sys.executable, str(script), moment, "build", "--model", str(checkpoint)]
+    proc = subprocess.run([*args, "--output", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out}" in proc.stdout or moment == "during-publish", proc.stdout
+    assert "Traceback" not in proc.stderr
+    if moment != "after-main":
+        assert f"interrupted by SIGTERM after {out} was complete" in proc.stderr, proc.stderr
+    assert verify_package(out, SafetensorsCheckpoint(checkpoint), quiet=True).ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["child.py", "pkg"]
+
+
+# --------------------------------------------------------------------------- concurrent --overwrite
+@pytest.mark.parametrize("moment", ["at-the-check", "at-the-rename"])
+@pytest.mark.parametrize("overwrite", [True, False], ids=["overwrite", "fresh"])
+def test_another_export_publishing_first(
+    overwrite, moment, checkpoint, tiny_checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Another export to the same destination publishes just before this one's rename (the
+    race two concurrent builds run). Before: an ENOTEMPTY traceback, or the other package
+    replaced without overwrite. Now, with overwrite the later export wins, whole; without,
+    it is refused in one line and the other package is kept, whole. Each package is checked
+    byte for byte against its own checkpoint."""
+    import os
+
+    from mobius_lite.weights import publish as publish_module
+    from mobius_lite.weights.verify import verify_package
+
+    other_checkpoint = tiny_checkpoint(LAYERS, seed=1).path
+    other = tmp_path / "other"
+    assert main(["build", "--model", str(other_checkpoint), "--output", str(other), "-q"]) == 0
+    out = tmp_path / "pkg"
+    if moment == "at-the-check":
+        real_check = publish_module.check_destination
+
+        def check_then_other(destination, overwrite_arg) -> None:
+            real_check(destination, overwrite_arg)
+            shutil.copytree(other, out)
+
+        monkeypatch.setattr(publish_module, "check_destination", check_then_other)
+    else:
+        real_rename = os.rename
+
+        def other_then_rename(source, target) -> None:
+            if Path(target) == out and ".partial-" in Path(source).name and not out.exists():
+                shutil.copytree(other, out)
+            real_rename(source, target)
+
+        monkeypatch.setattr(os, "rename", other_then_rename)
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "-q"]
+    code, _, err = run_cli(args + (["--overwrite"] if overwrite else []), capsys)
+    monkeypatch.undo()
+    if overwrite:
+        assert code == 0, err
+        winner = checkpoint
+    else:
+        assert_one_line(code, err, "another export published a package at", "overwrite=True")
+        winner = other_checkpoint
+    assert verify_package(out, SafetensorsCheckpoint(winner), quiet=True).ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "pkg"]

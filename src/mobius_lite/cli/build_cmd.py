@@ -208,13 +208,18 @@ def run(args: argparse.Namespace) -> int:
     mismatch = tokenizer and vocabulary_mismatch(tokenizer, package.config.vocab_size)
     if mismatch:
         print(f"warning: {mismatch}", file=sys.stderr)
-    out = package.save(
-        output,
-        shard_size=args.shard_size,
-        overwrite=args.overwrite,
-        quiet=args.quiet,
-        allow_nonfinite=args.allow_nonfinite,
-    )
+    try:
+        out = package.save(
+            output,
+            shard_size=args.shard_size,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            allow_nonfinite=args.allow_nonfinite,
+        )
+    except KeyboardInterrupt as exc:
+        args.published = getattr(exc, "published", None)  # arrived during the final renames
+        raise
+    args.published = out  # from here a signal no longer undoes anything (cli/main.py)
     if not args.quiet:
         print(f"wrote {out} ({args.dtype}, ep {args.ep})")
     return 0

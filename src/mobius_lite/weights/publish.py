@@ -329,9 +329,21 @@ def signals_deferred() -> Iterator[None]:
 
 
 def publish(staging: Path, destination: str | Path, overwrite: bool) -> Path:
-    """Move the complete package in `staging` to `destination` in one atomic step."""
-    with signals_deferred():
-        return _publish(staging, absolute(destination), overwrite)
+    """Move the complete package in `staging` to `destination` in one atomic step.
+
+    A SIGINT / SIGTERM deferred during the renames takes effect after them: the exception it
+    raises (KeyboardInterrupt) then carries `published` (the destination, now complete), so a
+    caller can tell that the package is in place although it was interrupted."""
+    destination = absolute(destination)
+    published = None
+    try:
+        with signals_deferred():
+            published = _publish(staging, destination, overwrite)
+    except KeyboardInterrupt as exc:
+        if published is not None:
+            exc.published = published  # type: ignore[attr-defined]
+        raise
+    return published
 
 
 def _move_into(staging: Path, destination: Path) -> None:
@@ -345,6 +357,28 @@ def _move_into(staging: Path, destination: Path) -> None:
     staging.rmdir()
 
 
+def _replace(staging: Path, destination: Path) -> None:
+    """Put the package in `staging` in the place of the package at `destination`."""
+    if _exchange(staging, destination):
+        old = staging  # after the swap the staging name holds the previous package
+    else:
+        # Two renames: between them the destination is briefly absent (never half-built).
+        old = staging.with_name(staging.name.replace(".partial-", ".old-", 1))
+        os.rename(destination, old)
+        os.rename(staging, destination)
+    _disarm(old)
+    fsync_directory(destination.parent)
+    _discard(old)
+
+
+def _published_meanwhile(destination: Path) -> PackageError:
+    return PackageError(
+        f"another export published a package at {destination} while this one ran; it was kept "
+        "and this export removed. Allow replacing it (overwrite=True / --overwrite) or choose "
+        "another output"
+    )
+
+
 def _publish(staging: Path, destination: Path, overwrite: bool) -> Path:
     check_destination(destination, overwrite)  # again: something may have appeared meanwhile
     os.rename(staging / PENDING_MANIFEST, staging / MANIFEST_FILE)
@@ -352,18 +386,20 @@ def _publish(staging: Path, destination: Path, overwrite: bool) -> Path:
     if destination.is_dir() and holds_cwd(destination):  # empty: check_destination said so
         _move_into(staging, destination)
     elif destination.exists() and any(destination.iterdir()):
-        if _exchange(staging, destination):
-            old = staging  # after the swap the staging name holds the previous package
-        else:
-            # Two renames: between them the destination is briefly absent (never half-built).
-            old = staging.with_name(staging.name.replace(".partial-", ".old-", 1))
-            os.rename(destination, old)
-            os.rename(staging, destination)
-        _disarm(old)
-        fsync_directory(destination.parent)
-        _discard(old)
+        if not overwrite:  # it was empty or absent at the check just above
+            raise _published_meanwhile(destination)
+        _replace(staging, destination)
     else:
         # rename(2) replaces an empty directory atomically, and creates a missing one.
-        os.rename(staging, destination)
+        try:
+            os.rename(staging, destination)
+        except OSError as exc:
+            # another export to the same destination published since the check above
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if not overwrite:
+                raise _published_meanwhile(destination) from None
+            _replace(staging, destination)  # the later of two overwriting exports wins
+            return destination
         fsync_directory(destination.parent)
     return destination
