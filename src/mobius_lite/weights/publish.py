@@ -85,9 +85,14 @@ def check_writable(destination: Path) -> None:
     try:  # a probe, as permission bits do not tell (root, read-only mounts, ACLs)
         fd, probe = tempfile.mkstemp(prefix=".mobius-probe-", dir=ancestor)
     except OSError as exc:
+        beside = (
+            f" (the package is staged beside {destination}, in its parent)"
+            if destination.exists()
+            else ""
+        )
         raise PackageError(
-            f"cannot write in {ancestor} ({exc.strerror or exc}); choose an output directory "
-            "you can write to"
+            f"cannot write in {ancestor}{beside} ({exc.strerror or exc}); choose an output "
+            "directory you can write to"
         ) from None
     os.close(fd)
     os.unlink(probe)
