@@ -511,3 +511,26 @@ def test_another_export_publishing_first(
         winner = other_checkpoint
     assert verify_package(out, SafetensorsCheckpoint(winner), quiet=True).ok
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "pkg"]
+
+
+# --------------------------------------------------------------------------- survey
+def test_config_with_a_safetensors_checkpoint_is_refused(
+    checkpoint, tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: `--config` with a safetensors checkpoint was silently ignored (exit 0), even a
+    file that is not JSON at all."""
+    config = tmp_path / "c.json"
+    config.write_text("{")
+    refuse_tensor_reads(monkeypatch)
+    out = tmp_path / "out"
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "--config", str(config)]
+    code, _, err = run_cli(args, capsys)
+    assert_one_line(code, err, "is a safetensors checkpoint, whose own config.json is used")
+    assert not out.exists()
+
+
+def test_an_empty_model_string(tmp_path, monkeypatch, capsys) -> None:
+    """Before: "" was the working directory: "no config.json at <cwd>/config.json"."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["build", "--model", "", "--output", "out"], capsys)
+    assert_one_line(code, err, "the model is an empty string")

@@ -141,7 +141,7 @@ def open_gguf(
     if checkpoint.metadata.get(TOKENIZER_KEY):
         extras.update(gguf_tokenizer_files(checkpoint.metadata))
     hint = (
-        f"Check that --config {config_json} (config=...) belongs to this GGUF file."
+        f"Check that --config {config_json} belongs to this GGUF file (config=... in Python)."
         if config_json is not None
         else "The config was read from the GGUF file's own metadata, so the file itself is "
         "inconsistent: re-convert the model with llama.cpp's convert_hf_to_gguf.py."

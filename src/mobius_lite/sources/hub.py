@@ -96,6 +96,11 @@ def _cache_revision(path: Path) -> str | None:
 
 def resolve_local(model: str | Path, revision: str | None = None) -> ResolvedCheckpoint:
     """A local checkpoint directory; a revision cannot be chosen for one."""
+    if not str(model).strip():  # Path("") is the working directory: never what was meant
+        raise ConfigError(
+            "the model is an empty string; pass a checkpoint directory (config.json + "
+            "*.safetensors), a .gguf file or a Hugging Face model id (org/name)"
+        )
     path = Path(model).expanduser()
     if not path.exists():
         raise ConfigError(
