@@ -345,6 +345,25 @@ def test_broken_tokenizer_is_refused_at_build(
     assert main(["build", "--model", str(broken), "--output", str(out), "-q"]) == 0
 
 
+@pytest.mark.parametrize("op", ["MatMul", "Gemm", "Add"])
+def test_no_bf16_cpu_kernels_is_an_onnxruntime_fact(op) -> None:
+    """routes.PROVIDER_PRECISIONS keeps bf16 off the CPU provider because its session
+    creation fails (NOT_IMPLEMENTED) for these operators; checked on the installed one."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from mobius_lite.enums import Precision
+    from mobius_lite.routes import PROVIDER_PRECISIONS
+
+    assert Precision.BF16 not in PROVIDER_PRECISIONS["cpu"]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 2]) for n in "ab"]
+    output = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, None)
+    graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["y"])], "g", inputs, [output])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(Exception, match=f"NOT_IMPLEMENTED.*{op}"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
 # --------------------------------------------------------------------------- item 7: GGUF tokens
 def test_gguf_tokenizer_holds_only_the_files_tokens(tmp_path, capsys) -> None:
     """A byte-level BPE GGUF (llama.cpp's converter layout) whose tokens equal the model's
