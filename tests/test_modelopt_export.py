@@ -206,7 +206,8 @@ def test_ort_route_graph(variant, kernel, built, tmp_path, capsys) -> None:
     checkpoint, _ = built[variant]
     package = tmp_path / "ort"
     args = ["build", "--model", str(checkpoint), "--output", str(package), "-q"]
-    code, err = cli(args + ["--weights-backend", "ort", "--dtype", "f16"], capsys)
+    # the kernels are CUDA-only: the package targets --ep cuda (cpu is refused at build)
+    code, err = cli(args + ["--weights-backend", "ort", "--dtype", "f16", "--ep", "cuda"], capsys)
     assert code == 0, err
     onnx.checker.check_model(str(package / "model.onnx"))
     model = onnx.load(package / "model.onnx", load_external_data=False)

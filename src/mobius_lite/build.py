@@ -7,19 +7,24 @@ hub ids), weight format, then every tensor name, shape and dtype from safetensor
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
-from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES
+from mobius_lite.enums import Activations, Backend, GraphRole, Precision
 from mobius_lite.errors import ConfigError, RouteError
 from mobius_lite.formats.quantize.recipe import QuantizePlan, QuantType
+from mobius_lite.models.nemotron_h_fields import check_tensor_fields, stated_fields
+from mobius_lite.models.nemotron_h_names import MTP_FUSION_WEIGHT
 from mobius_lite.models.nemotron_h_quant import choose_quantization
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
+    check_graph_kernels,
     check_route,
     check_weight_format,
     parse_backend,
@@ -29,10 +34,16 @@ from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.memory import checkpoint_state_dict
 from mobius_lite.sources.quantized import QuantizedSource
+from mobius_lite.sources.tokenizer_file import check_tokenizer_json
 from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraphs
 from mobius_lite.tasks.options import ExportOptions
 
 MODULE_HINT = "Check that the config given belongs to this module's weights."
+
+
+class BuildWarning(UserWarning):
+    """Something about the checkpoint the package does not carry, said without stopping the
+    build (the CLI prints each as one `warning:` line on stderr)."""
 
 
 def check_task(task: str | None, model_type: str | None = None) -> str:
@@ -49,9 +60,45 @@ def check_task(task: str | None, model_type: str | None = None) -> str:
     if model_type is not None and task != default:
         raise ConfigError(
             f"task {task!r} does not fit model_type {model_type!r}; its task is {default!r} "
-            "(leave --task out to use it)"
+            "(leave --task out, task=None in Python, to use it)"
         )
     return task
+
+
+def decoder_raw_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's part of a config dict: an Omni config's text_config (llm_config), else
+    the config itself."""
+    for key in ("text_config", "llm_config"):
+        if isinstance(raw.get(key), dict):
+            return raw[key]
+    return raw
+
+
+def check_fields_against_tensors(
+    raw: dict[str, Any], model_type: ModelType, parsed: ModelConfig, source: TensorSource
+) -> None:
+    """A field config.json leaves out whose default the tensors contradict (hidden_size,
+    vocab_size, ...) is named now, before the binding lists every wrong-shape tensor."""
+    stated = stated_fields(decoder_raw_config(raw), LEGACY_FIELD_NAMES)
+    check_tensor_fields(stated, model_type.decoder(parsed), source, layout_of(source))
+
+
+def warn_absent_mtp_head(exported: TaskGraphs, source: TensorSource) -> None:
+    """A UserWarning (one line on the CLI's stderr) when the config declares a multi-token-
+    prediction head that the checkpoint does not hold: transformers' save_pretrained drops
+    the mtp.* tensors, and the package then has no mtp.onnx although the config promised one."""
+    config = exported.decoder
+    exported_head = any(g.role is GraphRole.MTP for g in exported.graphs)
+    if not config.has_mtp_head or exported_head or layout_of(source).mtp_head_present(source):
+        return
+    warnings.warn(
+        f"the config declares a multi-token-prediction head (num_nextn_predict_layers="
+        f"{config.num_nextn_predict_layers}) but the checkpoint holds none of its tensors (no "
+        f"{MTP_FUSION_WEIGHT}; transformers' save_pretrained drops mtp.*): the package has no "
+        f"{GraphRole.MTP.file_name}, so speculative decoding is not available",
+        BuildWarning,
+        stacklevel=3,
+    )
 
 
 def package_graphs(
@@ -113,10 +160,12 @@ def build(
             f"{model} is a {opened.kind} checkpoint, whose weights are already packed; "
             "quantizing at export takes a dense (BF16, FP16, FP32) safetensors checkpoint"
         )
+    check_tokenizer_json(opened.extra_files)
     # the one parse of the config: its errors come before any weight download
     model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source: TensorSource = opened.tensors()
+    check_fields_against_tensors(opened.raw_config, model_type, parsed, source)
     metadata: dict[str, Any] = {"source": opened.resolved.source_record()}
     if plan is not None:
         choice = choose_quantization(source, plan)
@@ -132,6 +181,8 @@ def build(
         quantized=plan is not None,
     )
     exported = package_graphs(model_type, parsed, source, options)
+    check_graph_kernels((g.model for g in exported.graphs), provider)
+    warn_absent_mtp_head(exported, source)
     return ModelPackage(
         config=exported.decoder,
         precision=precision,
@@ -163,6 +214,33 @@ def quantize_plan(
     return QuantizePlan.of(quantize, output, block, not asymmetric)
 
 
+def module_config(module: Any, config: Any = None) -> dict[str, Any]:
+    """The config dict of an in-memory model: `config` when given (a dict, or an object with
+    to_dict()), else `module.config`; ConfigError for anything else (e.g. a torch.nn.Linear)."""
+    what = type(module).__name__
+    if not callable(getattr(module, "state_dict", None)):
+        raise ConfigError(
+            f"build_from_module takes a torch module (a transformers NemotronHForCausalLM or "
+            f"Omni model); got a {what}. For a checkpoint on disk or a hub id use build()"
+        )
+    raw = config if config is not None else getattr(module, "config", None)
+    if raw is None:
+        raise ConfigError(
+            f"the {what} module has no config: build_from_module exports a transformers "
+            "NemotronHForCausalLM (or Omni model), whose .config describes it; pass config= "
+            "(the model's config dict) for another module holding such weights"
+        )
+    if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
+        to_dict = getattr(raw, "to_dict", None)
+        if not callable(to_dict):
+            raise ConfigError(
+                f"config must be a dict or a transformers config (with to_dict()); got a "
+                f"{type(raw).__name__}"
+            )
+        raw = to_dict()
+    return raw
+
+
 def build_from_module(
     module: Any,
     config: Any = None,
@@ -179,14 +257,14 @@ def build_from_module(
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
-    raw = config if config is not None else module.config
-    if isinstance(raw, NemotronHConfig) or not isinstance(raw, dict):
-        raw = raw.to_dict()
+    raw = module_config(module, config)
     check_task(task, raw.get("model_type"))
     model_type, parsed = read_config(raw)
     source = MemorySource(checkpoint_state_dict(module))
     options = ExportOptions(precision, backend, activations=mode, binding_hint=MODULE_HINT)
     exported = package_graphs(model_type, parsed, source, options)
+    check_graph_kernels((g.model for g in exported.graphs), provider)
+    warn_absent_mtp_head(exported, source)
     return ModelPackage(
         config=exported.decoder,
         precision=precision,

@@ -9,10 +9,11 @@ GENAI_CONFIG_FILE = "genai_config.json"
 # The overlay that makes genai_config.json the MTP head's own og.Model (docs/genai.md)
 GENAI_MTP_OVERLAY_FILE = "genai_mtp_overlay.json"
 CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
 # Checkpoint files copied into the package unchanged when the source has them: tokenizer,
 # generation and (Omni) processor configuration.
 TOKENIZER_FILES = (
-    "tokenizer.json",
+    TOKENIZER_FILE,
     "tokenizer_config.json",
     "special_tokens_map.json",
     "tokenizer.model",

@@ -161,7 +161,7 @@ class ModelPackage:
         total = sum(
             v.const_value.nbytes for _, model in models for v in external_initializers(model)
         )
-        with staging_directory(directory) as stage:
+        with staging_directory(directory, needed=total) as stage:
             with tqdm(
                 total=total,
                 unit="B",

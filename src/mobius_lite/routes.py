@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.errors import RouteError
@@ -26,6 +27,18 @@ PROVIDER_PRECISIONS: dict[str, tuple[Precision, ...]] = {
     "cuda": (Precision.F32, Precision.F16, Precision.BF16),
 }
 
+# com.microsoft operators the export emits that a provider has no kernel for: a graph holding
+# one cannot create a session there (onnxruntime 1.32's CPU provider: NOT_IMPLEMENTED "Could not
+# find an implementation for MatMulBlockQuantizedFp4Weight(1)"; its kernels are CUDA-only).
+# Each entry names the route that emits the operator. tests/test_build_inputs.py checks every
+# entry against the installed onnxruntime's CPU provider.
+PROVIDER_MISSING_KERNELS: dict[str, dict[str, str]] = {
+    "cpu": {
+        "MatMulBlockQuantizedFp4Weight": "ModelOpt NVFP4 weights on --backend ort",
+        "MatMulBlockQuantizedFp8Weight": "ModelOpt FP8 weights on --backend ort",
+    },
+}
+
 # Source element types that bind to dense parameters by a plain (lossless or rounding) cast.
 DENSE_SOURCE_DTYPES = tuple(p.numpy_name for p in Precision)
 
@@ -36,7 +49,8 @@ def parse_provider(ep: str) -> str:
     if key not in EXECUTION_PROVIDERS:
         raise RouteError(
             f"execution provider {ep!r} is not supported; choose one of "
-            f"{', '.join(EXECUTION_PROVIDERS)} (--ep cpu or --ep cuda)"
+            f"{', '.join(EXECUTION_PROVIDERS)} (--ep cpu or --ep cuda; ep='cpu' or 'cuda' in "
+            "Python)"
         )
     return key
 
@@ -48,16 +62,39 @@ def check_route(dtype: Precision | str, ep: str = "cpu") -> tuple[Precision, str
     allowed = PROVIDER_PRECISIONS[provider]
     if precision not in allowed:
         others = [p for p, runs in PROVIDER_PRECISIONS.items() if precision in runs]
-        choices = " or ".join(f"--dtype {p.value}" for p in allowed)
+        choices = " or ".join(f"--dtype {p.value} (dtype='{p.value}')" for p in allowed)
         raise RouteError(
             f"dtype {precision.value} cannot run on the {provider} execution provider "
             f"(onnxruntime's {provider} provider has no {precision.value} kernels for MatMul, "
             "Gemm or Add); "
             f"{provider} supports {', '.join(p.value for p in allowed)}. "
-            f"Use {' or '.join(f'--ep {o}' for o in others)} to build for a provider that runs "
+            f"Use {' or '.join(f'--ep {o} (ep={o!r})' for o in others)} to build for a provider "
+            "that runs "
             f"{precision.value}, or {choices} to stay on {provider}."
         )
     return precision, provider
+
+
+def check_graph_kernels(models: Iterable[ir.Model], provider: str) -> None:
+    """Refuse graphs that use an operator the provider has no kernel for (checked on the built
+    graphs, before any weight is read): the package could never create a session there."""
+    missing = PROVIDER_MISSING_KERNELS.get(provider, {})
+    for model in models:
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            route = missing.get(node.op_type) if node.domain == "com.microsoft" else None
+            if route is None:
+                continue
+            others = [
+                p
+                for p in EXECUTION_PROVIDERS
+                if node.op_type not in PROVIDER_MISSING_KERNELS.get(p, {})
+            ]
+            raise RouteError(
+                f"{route} compute with onnxruntime's {node.op_type}, which has no kernel on the "
+                f"{provider} execution provider (session creation fails there); build for "
+                f"{' or '.join(f'--ep {o} (ep={o!r})' for o in others)}, or with --backend "
+                f"standard (weights_backend='standard') to run on {provider}"
+            )
 
 
 def parse_backend(value: Backend | str) -> Backend:
@@ -87,17 +124,24 @@ def check_activations(
         ) from None
     if mode is Activations.EXACT:
         return mode
-    needs = []
+    needs, keywords = [], []
     if backend is not Backend.ORT:
         needs.append("--backend ort (the fused kernels are onnxruntime's com.microsoft ops)")
+        keywords.append("weights_backend='ort'")
     if precision is not Precision.F32:
         needs.append(f"--dtype f32 (the exact layouts' scales are f32; got {precision.value})")
+        keywords.append("dtype='f32'")
     if provider != "cpu":
         needs.append(
             f"--ep cpu (the route is built and tested for the CPU kernels; got {provider})"
         )
+        keywords.append("ep='cpu'")
     if needs:
-        raise RouteError(f"--activations {mode.value} needs " + " and ".join(needs))
+        raise RouteError(
+            f"--activations {mode.value} needs "
+            + " and ".join(needs)
+            + f"; in Python: activations={mode.value!r} needs {', '.join(keywords)}"
+        )
     return mode
 
 

@@ -143,6 +143,12 @@ def open_checkpoint(
     if named is not None and named.open is not None:
         return named.open(model, revision, gguf_file, config_json)
     opened = open_safetensors(model, revision)
+    if config_json is not None:  # it was silently ignored: the checkpoint's own config ruled
+        raise ConfigError(
+            f"--config {config_json} (config=...) supplies the fields a GGUF file does not "
+            f"carry; {model} is a safetensors checkpoint, whose own config.json is used: drop "
+            "--config, or edit that config.json"
+        )
     return _configured_kind(opened.raw_config, opened.resolved.path).refine(opened)
 
 

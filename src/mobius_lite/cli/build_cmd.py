@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
-from mobius_lite.build import SUPPORTED_TASKS, build
+from mobius_lite.build import SUPPORTED_TASKS, BuildWarning, build
 from mobius_lite.cli import COMMANDS
 from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import Backend, Precision
@@ -204,22 +205,31 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
     check_destination(output, args.overwrite)  # before any download or read
-    package = build(
-        args.model,
-        dtype=args.dtype,
-        revision=args.revision,
-        ep=args.ep,
-        task=args.task,
-        weights_backend=args.weights_backend,
-        dequantize=args.dequantize,
-        gguf_file=args.gguf_file,
-        config=args.config,
-        activations=args.activations,
-        quantize=args.quantize,
-        quantize_output=args.quantize_output,
-        quantize_block_size=args.quantize_block_size,
-        quantize_asymmetric=args.quantize_asymmetric,
-    )
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", BuildWarning)
+        package = build(
+            args.model,
+            dtype=args.dtype,
+            revision=args.revision,
+            ep=args.ep,
+            task=args.task,
+            weights_backend=args.weights_backend,
+            dequantize=args.dequantize,
+            gguf_file=args.gguf_file,
+            config=args.config,
+            activations=args.activations,
+            quantize=args.quantize,
+            quantize_output=args.quantize_output,
+            quantize_block_size=args.quantize_block_size,
+            quantize_asymmetric=args.quantize_asymmetric,
+        )
+    for warning in said:  # the build's own warnings, one line each (e.g. an absent MTP head)
+        if issubclass(warning.category, BuildWarning):
+            print(f"warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
     source = package.metadata.get("source", {})
     for fallback in package.metadata.get("quantization", {}).get("fallbacks", []):
         print(f"note: {fallback}", file=sys.stderr)
@@ -233,13 +243,18 @@ def run(args: argparse.Namespace) -> int:
     mismatch = tokenizer and vocabulary_mismatch(tokenizer, package.config.vocab_size)
     if mismatch:
         print(f"warning: {mismatch}", file=sys.stderr)
-    out = package.save(
-        output,
-        shard_size=args.shard_size,
-        overwrite=args.overwrite,
-        quiet=args.quiet,
-        allow_nonfinite=args.allow_nonfinite,
-    )
+    try:
+        out = package.save(
+            output,
+            shard_size=args.shard_size,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            allow_nonfinite=args.allow_nonfinite,
+        )
+    except KeyboardInterrupt as exc:
+        args.published = getattr(exc, "published", None)  # arrived during the final renames
+        raise
+    args.published = out  # from here a signal no longer undoes anything (cli/main.py)
     if not args.quiet:
         print(f"wrote {out} ({args.dtype}, ep {args.ep})")
     return 0

@@ -78,13 +78,17 @@ def _chosen_command(argv: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _signals_interrupt() -> Iterator[list[bool]]:
     """While a command runs, SIGINT and SIGTERM raise Interrupted in the main thread (so the
-    build's staging directory and lock are removed on the way out); restored afterwards."""
+    build's staging directory and lock are removed on the way out); restored afterwards,
+    unless the caller sets the yielded flag: then they stay ignored (the process's own entry
+    point after its command finished: a signal during the interpreter's exit would only turn
+    a complete result into status 143)."""
     import threading
 
+    finished = [False]
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield finished
         return
 
     def interrupt(signum: int, frame: object) -> None:
@@ -95,10 +99,10 @@ def _signals_interrupt() -> Iterator[None]:
         number = getattr(signal, name)
         previous[number] = signal.signal(number, interrupt)
     try:
-        yield
+        yield finished
     finally:
         for number, handler in previous.items():
-            signal.signal(number, handler)
+            signal.signal(number, signal.SIG_IGN if finished[0] else handler)
 
 
 def _quiet_stdout() -> None:
@@ -110,23 +114,26 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    entry = argv is None  # the console script / python -m: the process ends with this call
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser(_chosen_command(argv))  # "" (no command named): one-line entries
     args = parser.parse_args(argv)
     where = f"mobius {args.command}"
     try:
-        with _signals_interrupt():
+        with _signals_interrupt() as finished:
             code = int(args.run(args) or 0)
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            finished[0] = entry
             return code
     except MobiusError as exc:
         print(f"{where}: error: {exc}", file=sys.stderr)
-    except Interrupted as exc:
-        print(
-            f"{where}: interrupted by {exc.signal_name}; {_after_interrupt(args)}", file=sys.stderr
-        )
-    except KeyboardInterrupt:
-        print(f"{where}: interrupted; {_after_interrupt(args)}", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        name = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
+        if getattr(args, "published", None) is not None:  # a build whose package is in place
+            done = f"{args.published} was complete; the package is in place"
+            print(f"{where}: interrupted{name} after {done}", file=sys.stderr)
+            return 0
+        print(f"{where}: interrupted{name}; {_after_interrupt(args)}", file=sys.stderr)
     except BrokenPipeError:
         _quiet_stdout()
         return 0

@@ -29,6 +29,7 @@ from mobius_lite.sources.hub import (
     hub_errors,
     hub_offline,
     is_hub_id,
+    mistyped_path,
 )
 from mobius_lite.sources.open import OpenedCheckpoint
 
@@ -82,7 +83,9 @@ def _hub_download(repo: str, filename: str, revision: str | None) -> Path:
                 "fetched (HF_HUB_OFFLINE set, or no network); download it first"
             ) from None
         except hub_errors_module.EntryNotFoundError:
-            raise HubError(f"{at} has no file {filename}; check --gguf-file") from None
+            raise HubError(
+                f"{at} has no file {filename}; check --gguf-file (gguf_file=...)"
+            ) from None
 
 
 def resolve_gguf(
@@ -92,9 +95,10 @@ def resolve_gguf(
     text = str(model)
     if is_hub_id(text):
         if gguf_file is None:
-            raise ConfigError(
+            no_file = "names no GGUF file (--gguf-file, gguf_file=...)"
+            raise mistyped_path(text, no_file) or ConfigError(
                 f"{text} is a hub repository: name its GGUF file with --gguf-file "
-                "(e.g. model-Q4_K_M.gguf)"
+                "(gguf_file=..., e.g. model-Q4_K_M.gguf)"
             )
         requested = resolve_revision(text, revision)  # the pin: before any hub request
         paths = [_hub_download(text, name, requested) for name in _split_names(gguf_file)]
@@ -104,12 +108,14 @@ def resolve_gguf(
     path = Path(text).expanduser()
     if gguf_file is not None:
         if not path.is_dir():
-            raise ConfigError(f"--gguf-file {gguf_file} needs a directory or hub id, not {text}")
+            raise ConfigError(
+                f"--gguf-file {gguf_file} (gguf_file=...) needs a directory or hub id, not {text}"
+            )
         path = path / gguf_file
     if revision:
         raise ConfigError(
             f"--revision {revision} was given with the local file {path}; a revision selects "
-            "a commit of a hub repository"
+            "a commit of a hub repository: drop --revision (revision=None in Python)"
         )
     if not path.is_file():
         raise ConfigError(f"{path}: no such GGUF file")
@@ -135,7 +141,7 @@ def open_gguf(
     if checkpoint.metadata.get(TOKENIZER_KEY):
         extras.update(gguf_tokenizer_files(checkpoint.metadata))
     hint = (
-        f"Check that --config {config_json} belongs to this GGUF file."
+        f"Check that --config {config_json} belongs to this GGUF file (config=... in Python)."
         if config_json is not None
         else "The config was read from the GGUF file's own metadata, so the file itself is "
         "inconsistent: re-convert the model with llama.cpp's convert_hf_to_gguf.py."

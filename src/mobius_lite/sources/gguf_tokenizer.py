@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tokenizers import processors
+from tokenizers import Tokenizer, processors
 
 from mobius_lite.errors import CheckpointError
 
@@ -56,6 +56,23 @@ def _template(bos: str | None, eos: str | None, ids: dict[str, int]) -> Any:
     )
 
 
+def _only_file_tokens(backend: Tokenizer, tokens: list[str]) -> Tokenizer:
+    """The rebuilt tokenizer without the added tokens the file does not list at that id.
+
+    transformers' byte-level rebuild goes through GPT2Tokenizer, whose default special token
+    `<|endoftext|>` is appended after the vocabulary (id len(tokens)) when the file has none:
+    a token the model has no embedding for, which made every build of such a file warn that
+    the tokenizer may not belong to the checkpoint. A tokenizer holds what the file holds.
+    """
+    data = json.loads(backend.to_str())
+    added = data.get("added_tokens") or []
+    kept = [t for t in added if t["id"] < len(tokens) and tokens[t["id"]] == t["content"]]
+    if len(kept) == len(added):
+        return backend
+    data["added_tokens"] = kept
+    return Tokenizer.from_str(json.dumps(data))
+
+
 def gguf_tokenizer_files(metadata: Mapping[str, Any]) -> dict[str, bytes]:
     """{"tokenizer.json": ..., "tokenizer_config.json": ...} for the tokenizer a GGUF describes."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
@@ -84,6 +101,7 @@ def gguf_tokenizer_files(metadata: Mapping[str, Any]) -> dict[str, bytes]:
             "convert_hf_to_gguf.py"
         ) from None
 
+    backend = _only_file_tokens(backend, list(tokens))
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     for name, key in SPECIAL_IDS.items():
         if key in metadata:

@@ -96,6 +96,11 @@ def _cache_revision(path: Path) -> str | None:
 
 def resolve_local(model: str | Path, revision: str | None = None) -> ResolvedCheckpoint:
     """A local checkpoint directory; a revision cannot be chosen for one."""
+    if not str(model).strip():  # Path("") is the working directory: never what was meant
+        raise ConfigError(
+            "the model is an empty string; pass a checkpoint directory (config.json + "
+            "*.safetensors), a .gguf file or a Hugging Face model id (org/name)"
+        )
     path = Path(model).expanduser()
     if not path.exists():
         raise ConfigError(
@@ -110,7 +115,8 @@ def resolve_local(model: str | Path, revision: str | None = None) -> ResolvedChe
     if revision:
         raise ConfigError(
             f"--revision {revision} was given with the local directory {model}; a revision "
-            "selects a commit of a hub model id: drop --revision or pass the hub id"
+            "selects a commit of a hub model id: drop --revision (revision=None in Python) or "
+            "pass the hub id"
         )
     path = path.resolve()
     return ResolvedCheckpoint(path=path, model=str(path), revision=_cache_revision(path), hub=False)
@@ -128,7 +134,7 @@ def hub_errors(model_id: str, revision: str | None) -> Iterator[None]:
     except hub_errors_module.RevisionNotFoundError:
         raise HubError(
             f"revision {revision!r} does not exist in {model_id}; pass a commit SHA, branch or "
-            "tag of that repository with --revision"
+            "tag of that repository with --revision (revision=...)"
         ) from None
     except hub_errors_module.GatedRepoError:
         raise HubError(
@@ -224,5 +230,21 @@ def resolve_checkpoint(
 ) -> ResolvedCheckpoint:
     """A local directory as is, or a hub id fetched at its pinned / requested revision."""
     if is_hub_id(str(model)):
-        return resolve_hub(str(model), revision, weights=weights)
+        try:
+            return resolve_hub(str(model), revision, weights=weights)
+        except HubError as exc:
+            raise mistyped_path(str(model)) or exc from None
     return resolve_local(model, revision)
+
+
+def mistyped_path(model: str, hub: str = "could not be fetched either") -> ConfigError | None:
+    """For an `org/name` that is no local path while `org` is a local directory (`ck/dens`
+    with `ck/` here): most likely a mistyped local path, so say that first, not the network
+    (`hub`: what became of it as a hub id)."""
+    folder, _, name = model.partition("/")
+    if not Path(folder).expanduser().is_dir():
+        return None
+    return ConfigError(
+        f"{model}: no such file or directory ({folder}/ exists but holds no {name!r}), and as "
+        f"a hub model id it {hub}; check the path (ls {folder}/)"
+    )

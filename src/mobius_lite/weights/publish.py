@@ -36,6 +36,7 @@ from secrets import token_hex
 
 from mobius_lite.errors import PackageError
 from mobius_lite.layout import DECODER_FILE, MANIFEST_FILE
+from mobius_lite.weights.disk_space import check_free_space, no_space_error, written_bytes
 
 # Inside a staging directory the manifest waits under this hidden name; publish() gives it its
 # real name only immediately before the directory is renamed into place.
@@ -45,6 +46,24 @@ _STAGING = re.compile(r"^\.(?P<name>.+)\.(?:partial|old)-(?P<pid>\d+)-(?P<token>
 _LOCK = re.compile(r"^\.(?P<name>.+)\.lock-(?P<pid>\d+)-(?P<token>[0-9a-f]+)$")
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def absolute(destination: str | Path) -> Path:
+    """`destination` as an absolute, normalised path: "." / "./" / "" become the current
+    directory's own path, whose parent holds the staging directory (a relative "." has no
+    name, and its "parent" is itself: the staging directory would land inside it)."""
+    return Path(os.path.abspath(os.fspath(destination) or "."))
+
+
+def holds_cwd(destination: Path) -> bool:
+    """True when `destination` is this process's working directory or one of its ancestors."""
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # the working directory was removed
+        return False
+    target = destination.resolve()
+    return cwd == target or target in cwd.parents
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -66,16 +85,22 @@ def check_writable(destination: Path) -> None:
     try:  # a probe, as permission bits do not tell (root, read-only mounts, ACLs)
         fd, probe = tempfile.mkstemp(prefix=".mobius-probe-", dir=ancestor)
     except OSError as exc:
+        beside = (
+            f" (the package is staged beside {destination}, in its parent)"
+            if destination.exists()
+            else ""
+        )
         raise PackageError(
-            f"cannot write in {ancestor} ({exc.strerror or exc}); choose an output directory "
-            "you can write to"
+            f"cannot write in {ancestor}{beside} ({exc.strerror or exc}); choose an output "
+            "directory you can write to"
         ) from None
     os.close(fd)
     os.unlink(probe)
 
 
-def check_destination(destination: Path, overwrite: bool) -> None:
+def check_destination(destination: str | Path, overwrite: bool) -> None:
     """Raise PackageError now (before any large read or write) if `destination` is unusable."""
+    destination = absolute(destination)
     check_writable(destination)
     if destination.is_symlink():
         raise PackageError(f"{destination} is a symbolic link; give the real directory path")
@@ -90,13 +115,20 @@ def check_destination(destination: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise PackageError(
-            f"{destination} exists and is not empty; choose another output or pass --overwrite"
+            f"{destination} exists and is not empty; choose another output, or allow replacing "
+            "the package there (overwrite=True / --overwrite)"
         )
     if not any((destination / m).is_file() for m in PACKAGE_MARKERS):
         raise PackageError(
             f"{destination} is not empty and does not look like a package (no manifest.json or "
-            "model.onnx); refusing to replace it even with --overwrite. Remove it yourself or "
+            "model.onnx); refusing to replace it even with overwrite. Remove it yourself or "
             "choose another output"
+        )
+    if holds_cwd(destination):
+        raise PackageError(
+            f"{destination} is the current directory (or holds it), so the package there cannot "
+            "be replaced by the finished one; run the export from outside it (e.g. from "
+            f"{destination.parent}, with the output {destination.name})"
         )
 
 
@@ -197,9 +229,13 @@ def sweep_stale(destination: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def staging_directory(destination: Path) -> Iterator[Path]:
+def staging_directory(destination: str | Path, needed: int = 0) -> Iterator[Path]:
     """A fresh hidden sibling of `destination`, locked while this export runs; removed if the
-    block raises."""
+    block raises. `needed`: the bytes the package's weights take, checked against the free
+    space first; a disk that fills anyway (ENOSPC, EDQUOT) becomes one PackageError naming
+    the filesystem and the bytes still needed."""
+    destination = absolute(destination)
+    check_free_space(destination, needed)
     parent = destination.parent
     parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(destination)
@@ -212,6 +248,13 @@ def staging_directory(destination: Path) -> Iterator[Path]:
         path.mkdir()
         try:
             yield path
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            written = written_bytes(path)
+            shutil.rmtree(path, ignore_errors=True)
+            raise no_space_error(destination, needed, written) from None
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -290,29 +333,78 @@ def signals_deferred() -> Iterator[None]:
                 signal.raise_signal(arrived[0])
 
 
-def publish(staging: Path, destination: Path, overwrite: bool) -> Path:
-    """Move the complete package in `staging` to `destination` in one atomic step."""
-    with signals_deferred():
-        return _publish(staging, destination, overwrite)
+def publish(staging: Path, destination: str | Path, overwrite: bool) -> Path:
+    """Move the complete package in `staging` to `destination` in one atomic step.
+
+    A SIGINT / SIGTERM deferred during the renames takes effect after them: the exception it
+    raises (KeyboardInterrupt) then carries `published` (the destination, now complete), so a
+    caller can tell that the package is in place although it was interrupted."""
+    destination = absolute(destination)
+    published = None
+    try:
+        with signals_deferred():
+            published = _publish(staging, destination, overwrite)
+    except KeyboardInterrupt as exc:
+        if published is not None:
+            exc.published = published  # type: ignore[attr-defined]
+        raise
+    return published
+
+
+def _move_into(staging: Path, destination: Path) -> None:
+    """Publish into the empty working directory itself (`--output .`), which cannot be
+    renamed without leaving the shell that started the export in a removed directory: each
+    file is renamed into it, the manifest last, so a package is never seen without one."""
+    entries = sorted(p for p in staging.iterdir() if p.name != MANIFEST_FILE)
+    for entry in [*entries, staging / MANIFEST_FILE]:
+        os.rename(entry, destination / entry.name)
+    fsync_directory(destination)
+    staging.rmdir()
+
+
+def _replace(staging: Path, destination: Path) -> None:
+    """Put the package in `staging` in the place of the package at `destination`."""
+    if _exchange(staging, destination):
+        old = staging  # after the swap the staging name holds the previous package
+    else:
+        # Two renames: between them the destination is briefly absent (never half-built).
+        old = staging.with_name(staging.name.replace(".partial-", ".old-", 1))
+        os.rename(destination, old)
+        os.rename(staging, destination)
+    _disarm(old)
+    fsync_directory(destination.parent)
+    _discard(old)
+
+
+def _published_meanwhile(destination: Path) -> PackageError:
+    return PackageError(
+        f"another export published a package at {destination} while this one ran; it was kept "
+        "and this export removed. Allow replacing it (overwrite=True / --overwrite) or choose "
+        "another output"
+    )
 
 
 def _publish(staging: Path, destination: Path, overwrite: bool) -> Path:
     check_destination(destination, overwrite)  # again: something may have appeared meanwhile
     os.rename(staging / PENDING_MANIFEST, staging / MANIFEST_FILE)
     fsync_directory(staging)
-    if destination.exists() and any(destination.iterdir()):
-        if _exchange(staging, destination):
-            old = staging  # after the swap the staging name holds the previous package
-        else:
-            # Two renames: between them the destination is briefly absent (never half-built).
-            old = staging.with_name(staging.name.replace(".partial-", ".old-", 1))
-            os.rename(destination, old)
-            os.rename(staging, destination)
-        _disarm(old)
-        fsync_directory(destination.parent)
-        _discard(old)
+    if destination.is_dir() and holds_cwd(destination):  # empty: check_destination said so
+        _move_into(staging, destination)
+    elif destination.exists() and any(destination.iterdir()):
+        if not overwrite:  # it was empty or absent at the check just above
+            raise _published_meanwhile(destination)
+        _replace(staging, destination)
     else:
         # rename(2) replaces an empty directory atomically, and creates a missing one.
-        os.rename(staging, destination)
+        try:
+            os.rename(staging, destination)
+        except OSError as exc:
+            # another export to the same destination published since the check above
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if not overwrite:
+                raise _published_meanwhile(destination) from None
+            _replace(staging, destination)  # the later of two overwriting exports wins
+            return destination
         fsync_directory(destination.parent)
     return destination
