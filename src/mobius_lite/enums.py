@@ -46,6 +46,11 @@ class StateRole(str, enum.Enum):
     def present_name(self, layer: int | str) -> str:
         return f"present.{layer}.{self.value}"
 
+    def window_name(self, layer: int | str) -> str:
+        """The decoder output holding this state after each position of a short call
+        (Mamba states of a speculative verifying call, components/state_window.py)."""
+        return f"present_window.{layer}.{self.value}"
+
 
 class GraphRole(str, enum.Enum):
     """One graph of a package; the value is its key in manifest.json and genai_config.json."""

@@ -21,6 +21,7 @@ from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
+from mobius_lite.components.state_window import conv_window, ssm_window, windowed
 from mobius_lite.configs.layers import MambaSpec
 from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, typed
@@ -76,6 +77,8 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter([s.num_heads], dtype=dtype)
         self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, ctx)
         self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
+        # > 0: also return the per-position states of calls of 2..window positions
+        self.window = ctx.speculation_window
 
     @property
     def ssm_cache_dtype(self) -> ir.DataType:
@@ -102,10 +105,12 @@ class Mamba2Mixer(nn.Module):
         token_mask: ir.Value,
         past_conv: ir.Value,
         past_ssm: ir.Value,
-    ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    ) -> tuple[ir.Value, ...]:
         """x: [rows, hidden]; token_mask: [rows, 1] (1 real token, 0 padding) in FP32.
 
-        Returns (output [rows, hidden], present conv_state, present recurrent_state).
+        Returns (output [rows, hidden], present conv_state, present recurrent_state), and
+        with a speculation window also the conv and recurrent state windows
+        (components/state_window.py).
         """
         s = self.spec
         heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
@@ -182,4 +187,20 @@ class Mamba2Mixer(nn.Module):
 
         normed = self.norm(op, y, gate)
         out = self.out_proj(op, cast_to(op, normed, self.dtype))
-        return out, present_conv, present_ssm
+        if not self.window:
+            return out, present_conv, present_ssm
+        past_conv_f32, past_ssm_f32 = to_float32(op, past_conv), to_float32(op, past_ssm)
+        windows = windowed(
+            op,
+            dims.sequence,
+            self.window,
+            [
+                ("conv_window", past_conv.dtype, (s.conv_dim, s.conv_kernel - 1)),
+                ("ssm_window", past_ssm.dtype, (heads, state, head_dim)),
+            ],
+            lambda op: [
+                conv_window(op, past_conv_f32, xbc_channels_first, s.conv_kernel),
+                ssm_window(op, past_ssm_f32, key, value, decay, heads, state, head_dim),
+            ],
+        )
+        return out, present_conv, present_ssm, *windows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx_ir as ir
 from onnxscript import GraphBuilder
@@ -34,6 +36,7 @@ def build_decoder(
     hidden_state_outputs: bool = False,
     final_hidden_output: bool = False,
     logits_from_embeddings: bool = False,
+    speculation_window: int = 0,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
@@ -47,9 +50,14 @@ def build_decoder(
     `hidden_states` [batch, sequence, hidden] (after the final norm, every position), which
     the MTP head reads (packages with a head). logits_from_embeddings: the logits weight is
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
-    source).
+    source). speculation_window W > 0 adds, per Mamba state, the output
+    present_window.{layer}.{role} [window, batch, ...]: the state after each position of a
+    call of 2..W positions, no slot otherwise (components/state_window.py), so a speculative
+    runtime continues from an accepted prefix without a second call.
     """
     ctx = ctx or BuildContext.dense()
+    if speculation_window:
+        ctx = dataclasses.replace(ctx, speculation_window=speculation_window)
     dtype = ctx.dtype
     module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
     apply_weight_formats(module, ctx)
@@ -80,6 +88,12 @@ def build_decoder(
         value.type = ir.TensorType(c.dtype)
         value.shape = ir.Shape(list(c.present_shape))
         outputs.append(value)
+    if speculation_window:
+        outputs += [
+            name_output(presents[c.window_name], c.window_name, c.dtype, c.window_shape)
+            for c in cache
+            if c.windowed
+        ]
     if final_hidden_output:
         per_sequence = builder.op.Reshape(
             final,

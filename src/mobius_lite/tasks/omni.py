@@ -100,6 +100,7 @@ def omni_graphs(
         inputs_embeds=True,
         final_hidden_output=head,
         logits_from_embeddings=tied,
+        speculation_window=options.speculation_window(head),
     )
     media = {IMAGE_FEATURES: config.image_token_id}
     if config.has_audio:

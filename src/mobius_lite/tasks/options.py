@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mobius_lite.components.context import BuildContext
+from mobius_lite.components.state_window import DEFAULT_WINDOW
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Activations, Backend, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
@@ -31,6 +32,16 @@ class ExportOptions:
     unused_rules: Mapping[str, str] = field(default_factory=dict)
     activations: Activations = Activations.EXACT  # the CPU kernel mode (--activations)
     binding_hint: str = CONFIG_JSON_HINT  # the last sentence of a binding error
+    # per-position Mamba states of short calls (components/state_window.py): None gives
+    # packages with an MTP head the default window and others none; 0 turns it off
+    state_window: int | None = None
+
+    def speculation_window(self, head: bool) -> int:
+        """The decoder's speculation window: the options' own, or the default when the
+        package has a head to draft with (0 without one)."""
+        if self.state_window is not None:
+            return self.state_window
+        return DEFAULT_WINDOW if head else 0
 
     def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
         """The weight-format resolver for graphs bound through `names`: packed formats unless

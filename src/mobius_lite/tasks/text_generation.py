@@ -49,7 +49,13 @@ def text_generation_graphs(
         **layout.unused,
         **options.unused_rules,
     }
-    decoder, _ = build_decoder(config, ctx, final_hidden_output=head, logits_from_embeddings=tied)
+    decoder, _ = build_decoder(
+        config,
+        ctx,
+        final_hidden_output=head,
+        logits_from_embeddings=tied,
+        speculation_window=options.speculation_window(head),
+    )
     models = [(GraphRole.DECODER, decoder)]
     if head:
         mtp, _ = build_mtp(config, ctx, logits_from_embeddings=tied)
