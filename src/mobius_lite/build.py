@@ -13,11 +13,12 @@ from typing import Any
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
-from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.enums import Activations, Backend, DraftHead, Precision
 from mobius_lite.errors import ConfigError
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
+    check_draft_head,
     check_route,
     check_weight_format,
     parse_backend,
@@ -70,6 +71,7 @@ def build(
     gguf_file: str | None = None,
     config: str | Path | None = None,
     activations: Activations | str = Activations.EXACT,
+    draft_head: DraftHead | str = DraftHead.EXACT,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -81,7 +83,10 @@ def build(
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
     fields a GGUF file does not carry. `activations` ("exact", "exact-fused", "int8";
     enums.Activations) moves packed matmuls and experts onto onnxruntime's
-    fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer
+    fused CPU kernels (needs weights_backend "ort", f32, cpu). `draft_head` ("exact",
+    "fast"; enums.DraftHead) is the route of the MTP head, when the checkpoint has one: fast
+    puts its packed weights on int8-activation kernels (same needs; docs/speculative.md).
+    Nothing but config, tokenizer
     and tensor headers is read here; tensor data is streamed by ModelPackage.save. The
     resolved commit is recorded in metadata["source"].
     """
@@ -90,6 +95,7 @@ def build(
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
+    head_route = check_draft_head(draft_head, backend, precision, provider)
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
@@ -104,6 +110,7 @@ def build(
         opened.unused_rules,
         activations=mode,
         binding_hint=opened.binding_hint,
+        draft_head=head_route,
     )
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(

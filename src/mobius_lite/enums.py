@@ -100,6 +100,19 @@ class Activations(str, enum.Enum):
         return 4 if self is Activations.INT8 else 0
 
 
+class DraftHead(str, enum.Enum):
+    """How the MTP head (the speculative draft model) computes (`--draft-head`).
+
+    EXACT builds it on the decoder's routes. FAST computes its packed matmuls (MatMulNBits,
+    the lm_head among them) with int8 activations (accuracy_level 4), on the same stored
+    weights: drafts are cheaper and may differ, which changes how many are accepted, never
+    the tokens (the decoder verifies every one).
+    """
+
+    EXACT = "exact"
+    FAST = "fast"
+
+
 class Task(str, enum.Enum):
     """What a package is for; each model type exports exactly one (configs/model_types.py)."""
 

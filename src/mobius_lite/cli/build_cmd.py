@@ -143,6 +143,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--draft-head",
+        default="exact",
+        choices=["exact", "fast"],
+        help="the MTP head's route (checkpoints with one): fast = its packed weights on the "
+        "int8-activation kernels (--backend ort, f32, cpu): cheaper drafts, the same tokens "
+        "(docs/speculative.md) (default: %(default)s)",
+    )
+    p.add_argument(
         "--dequantize",
         action="store_true",
         help="store packed weights as dense --dtype weights instead (never done unless asked)",
@@ -186,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         gguf_file=args.gguf_file,
         config=args.config,
         activations=args.activations,
+        draft_head=args.draft_head,
     )
     source = package.metadata.get("source", {})
     if not args.quiet:

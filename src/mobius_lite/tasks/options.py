@@ -10,7 +10,7 @@ from typing import Any
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.state_window import DEFAULT_WINDOW
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.enums import Activations, Backend, DraftHead, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
 from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
@@ -35,6 +35,7 @@ class ExportOptions:
     # per-position Mamba states of short calls (components/state_window.py): None gives
     # packages with an MTP head the default window and others none; 0 turns it off
     state_window: int | None = None
+    draft_head: DraftHead = DraftHead.EXACT  # the MTP head's route (--draft-head)
 
     def speculation_window(self, head: bool) -> int:
         """The decoder's speculation window: the options' own, or the default when the
