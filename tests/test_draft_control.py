@@ -39,7 +39,7 @@ def test_rate_is_the_expected_tokens_over_the_round_cost() -> None:
     control.accepted, control.rejected = 3.0, 1.0
     control.decoder_seconds = {1: 10.0, 2: 11.0, 5: 14.0}
     control.head_seconds = 2.0
-    a = (3.0 + 0.5) / (4.0 + 1.0)
+    a = (3.0 + 0.25) / (4.0 + 0.5)
     assert control.acceptance == pytest.approx(a)
     assert control.rate(0) == 1.0
     assert control.rate(1) == pytest.approx(expected_rate(a, 1, 10.0, 11.0, 2.0))
@@ -49,15 +49,17 @@ def test_rate_is_the_expected_tokens_over_the_round_cost() -> None:
     assert control.rate(3) == pytest.approx(expected_rate(a, 3, 10.0, 13.0, 2.0))
 
 
-def test_first_a_plain_step_then_k_max() -> None:
+def test_first_plain_steps_then_k_max() -> None:
+    """Each call size's first call is a warm-up, not a measurement: two plain steps measure
+    D(1), two rounds at k_max the head and D(k_max + 1)."""
     control = DraftController(3)
-    assert run_rounds(control, lambda i: True, 2, {1: 1.0, 4: 1.0}, 0.1) == [0, 3]
+    assert run_rounds(control, lambda i: True, 5, {1: 1.0, 4: 1.0}, 0.1) == [0, 0, 3, 3, 3]
 
 
 def test_a_drafter_always_right_and_cheap_keeps_k_max() -> None:
     control = DraftController(4)
     chosen = run_rounds(control, lambda i: True, 40, {n: 1.0 + 0.02 * n for n in range(1, 6)}, 0.05)
-    assert chosen[1:] == [4] * 39
+    assert chosen[2:] == [4] * 38
 
 
 def test_a_drafter_always_wrong_falls_to_plain_steps_and_probes_less_often() -> None:
@@ -80,7 +82,7 @@ def test_a_costly_head_drafts_fewer() -> None:
     assert int(np.argmax(rates)) == 1
     control.decoder_seconds = {n: 1.0 for n in range(1, 6)}
     control.head_seconds = 0.5
-    control.accepted, control.rejected = 5.5, 3.5  # (5.5 + 0.5) / 10 = 0.6
+    control.accepted, control.rejected = 5.75, 3.75  # (5.75 + 0.25) / 10 = 0.6
     assert control.acceptance == pytest.approx(0.6)
     assert control.next_k() == 1
     control.head_seconds = 0.0
@@ -91,3 +93,17 @@ def test_k_never_exceeds_k_max() -> None:
     control = DraftController(2)
     chosen = run_rounds(control, lambda i: i % 2 == 0, 50, {1: 1.0, 2: 1.0, 3: 1.0}, 0.01)
     assert set(chosen) <= {0, 1, 2}
+
+
+def test_one_stalled_call_does_not_decide() -> None:
+    """Call times are the median of the latest five of each size after its first: one
+    stall among them is outvoted."""
+    control = DraftController(4)
+    control.observe_decoder(1, 80.0)  # the warm-up call at a new size: not kept
+    assert 1 not in control.decoder_seconds
+    for seconds in (50.0, 1.0, 1.1, 0.9):
+        control.observe_decoder(1, seconds)
+    assert control.decoder_seconds[1] == pytest.approx(1.05)
+    for seconds in (2.0,) * 6:
+        control.observe_decoder(1, seconds)
+    assert control.decoder_seconds[1] == 2.0  # only the latest five count

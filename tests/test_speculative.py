@@ -362,8 +362,9 @@ def test_adaptive_k_keeps_plain_tokens_and_states(
     assert stats.rollbacks == 0 and set(stats.k_rounds) <= set(range(5))
     assert stats.decoder_calls == 1 + stats.rounds
     if wrong == "never":
-        # a first plain step, then k_max (the last rounds draft less only to end on time)
-        assert control.chosen == {0: 1, 4: stats.rounds - 1}
+        # two plain steps (measuring D(1)), then k_max (the last rounds draft less only to
+        # end on time)
+        assert control.chosen == {0: 2, 4: stats.rounds - 2}
     elif wrong == "always":
         assert stats.k_rounds[0] > 0.7 * stats.rounds
     else:

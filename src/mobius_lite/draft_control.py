@@ -12,11 +12,13 @@ tokens, so its rate relative to plain decoding (one decoder call per token) is
 
 with D(n) the seconds of a decoder call over n positions and H those of a head call. The
 controller estimates `a` from the rounds (each draft a success until the first rejection,
-which is one failure; past rounds weigh `memory` times less per round) and D and H from the
-measured call times (exponential moving averages), and picks the K in 0..k_max with the best
-estimated rate. K = 0 is plain decoding (rate 1). The first round is a plain step (it
-measures D(1)), the second drafts k_max (it measures H and a verifying call); a call size not
-yet measured is interpolated between measured ones. While at K = 0 nothing is learned about
+which is one failure; past rounds weigh `memory` times less per round; `prior` pseudo-counts)
+and D and H from the measured call times (the median of the latest five calls of each size),
+and picks the K in 0..k_max with the best estimated rate. K = 0 is plain decoding (rate 1).
+Plain steps come first until D(1) is measured, then rounds drafting k_max until H and a
+verifying call are (the first call of each size is left out: onnxruntime's first run at a
+new shape is slow); a call size not yet measured is interpolated between measured ones.
+While at K = 0 nothing is learned about
 the head, so after `probe` plain steps one round drafts a single token; each probe that is
 rejected doubles the wait (up to `max_probe`), one that is accepted resets it.
 The choice changes only how many tokens a round verifies, never which tokens are emitted.
@@ -24,7 +26,10 @@ The choice changes only how many tokens a round verifies, never which tokens are
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
+
+LATEST = 5  # call times kept per call size
 
 
 @dataclass
@@ -34,13 +39,14 @@ class DraftController:
 
     k_max: int
     memory: float = 0.8  # weight of the previous rounds' evidence, per round
-    prior: tuple[float, float] = (0.5, 0.5)  # pseudo-counts of accepted / rejected drafts
+    prior: tuple[float, float] = (0.25, 0.25)  # pseudo-counts of accepted / rejected drafts
     probe: int = 8  # plain steps before the first probe
     max_probe: int = 256
     accepted: float = 0.0
     rejected: float = 0.0
-    decoder_seconds: dict[int, float] = field(default_factory=dict)  # by positions
-    head_seconds: float | None = None
+    decoder_seconds: dict[int, float] = field(default_factory=dict)  # D(n), by positions n
+    head_seconds: float | None = None  # H
+    samples: dict[int | str, list[float]] = field(default_factory=dict)  # the latest calls
     plain_steps: int = 0  # since the last round that drafted
     wait: int = 0  # plain steps before the next probe
     chosen: dict[int, int] = field(default_factory=dict)  # K -> rounds run with it
@@ -67,11 +73,25 @@ class DraftController:
 
     def observe_decoder(self, positions: int, seconds: float) -> None:
         """A decoder call over `positions` positions (prefill excluded)."""
-        self.decoder_seconds[positions] = _average(self.decoder_seconds.get(positions), seconds)
+        estimate = self._latest(positions, seconds)
+        if estimate is not None:
+            self.decoder_seconds[positions] = estimate
 
     def observe_head(self, seconds: float) -> None:
         """One head call (a draft)."""
-        self.head_seconds = _average(self.head_seconds, seconds)
+        self.head_seconds = self._latest("head", seconds)
+
+    def _latest(self, key: int | str, seconds: float) -> float | None:
+        """The median of the latest LATEST calls of one kind, the first one left out
+        (onnxruntime's first run at a new shape can take ten times longer); None until a
+        call was kept. A one-off stall (another process) does not decide K for long."""
+        if key not in self.samples:
+            self.samples[key] = []  # the warm-up call
+            return None
+        kept = self.samples[key]
+        kept.append(seconds)
+        del kept[:-LATEST]
+        return statistics.median(kept)
 
     def rate(self, k: int) -> float:
         """The estimated tokens per second of rounds drafting k, relative to plain decoding."""
@@ -85,11 +105,11 @@ class DraftController:
 
     def next_k(self) -> int:
         """K for the next round: the best estimated rate, or a one-draft probe after a run
-        of plain steps. The first round is a plain step (it measures D(1)), the next drafts
-        k_max (it measures the head and a verifying call)."""
+        of plain steps. Plain steps until D(1) is measured, then k_max until the head and a
+        verifying call are."""
         if 1 not in self.decoder_seconds:
             k = 0
-        elif self.head_seconds is None:
+        elif self.head_seconds is None or len(self.decoder_seconds) < 2:
             k = self.k_max
         else:
             k = max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))
@@ -110,8 +130,3 @@ class DraftController:
             return known[above if below is None else below]
         share = (positions - below) / (above - below)
         return known[below] + share * (known[above] - known[below])
-
-
-def _average(previous: float | None, value: float, weight: float = 0.2) -> float:
-    """An exponential moving average (the first value as is)."""
-    return value if previous is None else (1.0 - weight) * previous + weight * value
