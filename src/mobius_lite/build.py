@@ -14,7 +14,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
 from mobius_lite.enums import Activations, Backend, DraftHead, Precision
-from mobius_lite.errors import ConfigError
+from mobius_lite.errors import ConfigError, RouteError
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
@@ -72,6 +72,7 @@ def build(
     config: str | Path | None = None,
     activations: Activations | str = Activations.EXACT,
     draft_head: DraftHead | str = DraftHead.EXACT,
+    state_window_kernel: bool = False,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -86,6 +87,9 @@ def build(
     fused CPU kernels (needs weights_backend "ort", f32, cpu). `draft_head` ("exact",
     "fast"; enums.DraftHead) is the route of the MTP head, when the checkpoint has one: fast
     puts its packed weights on int8-activation kernels (same needs; docs/speculative.md).
+    `state_window_kernel` takes the decoder's speculation windows from onnxruntime's
+    `state_window` attribute (weights_backend "ort", ep "cuda"; not yet run on a GPU here:
+    benchmarks/gpu_check.py checks it).
     Nothing but config, tokenizer
     and tensor headers is read here; tensor data is streamed by ModelPackage.save. The
     resolved commit is recorded in metadata["source"].
@@ -96,6 +100,11 @@ def build(
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
     head_route = check_draft_head(draft_head, backend, precision, provider)
+    if state_window_kernel and (backend is not Backend.ORT or provider != "cuda"):
+        raise RouteError(
+            "the state_window kernels run on onnxruntime's CUDA provider only (its CPU kernels "
+            "refuse state_window > 0): build them with the ort backend for the cuda provider"
+        )
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
@@ -111,6 +120,7 @@ def build(
         activations=mode,
         binding_hint=opened.binding_hint,
         draft_head=head_route,
+        state_window_kernel=state_window_kernel,
     )
     exported = package_graphs(model_type, parsed, source, options)
     return ModelPackage(

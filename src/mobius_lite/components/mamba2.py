@@ -21,9 +21,16 @@ from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
-from mobius_lite.components.state_window import conv_window, ssm_window, windowed
+from mobius_lite.components.state_window import (
+    conv_window,
+    kernel_past,
+    kernel_presents,
+    ssm_window,
+    windowed,
+)
 from mobius_lite.configs.layers import MambaSpec
 from mobius_lite.enums import Backend
+from mobius_lite.errors import ConfigError
 from mobius_lite.formats.contrib import contrib_op, typed
 
 
@@ -39,11 +46,14 @@ class Conv1d(nn.Module):
         self.bias = nn.Parameter([channels], dtype=dtype) if bias else None
 
     def forward(
-        self, op: OpBuilder, x: ir.Value, past_state: ir.Value
+        self, op: OpBuilder, x: ir.Value, past_state: ir.Value, state_window: int = 0
     ) -> tuple[ir.Value, ir.Value]:
-        """x: [batch, channels, time] FP32 -> (silu(conv(x)), last kernel-1 inputs); all FP32."""
+        """x: [batch, channels, time] FP32 -> (silu(conv(x)), last kernel-1 inputs); all FP32.
+        state_window > 0 (contrib op only): the states carry a leading window axis."""
         bias = to_float32(op, self.bias) if self.bias is not None else None
         domain = contrib_op(op) if self.contrib else {}
+        if state_window:
+            domain = {**domain, "state_window": state_window}
         out, state = op.CausalConvWithState(
             x,
             to_float32(op, self.weight),
@@ -79,6 +89,12 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
         # > 0: also return the per-position states of calls of 2..window positions
         self.window = ctx.speculation_window
+        # the windows from onnxruntime's state_window attribute (CUDA; components/state_window)
+        self.kernel = ctx.speculation_window if ctx.window_kernel else 0
+        if self.kernel and not self.contrib:
+            raise ConfigError(
+                "the state_window kernels are onnxruntime's: they need the ort backend"
+            )
 
     @property
     def ssm_cache_dtype(self) -> ir.DataType:
@@ -129,7 +145,13 @@ class Mamba2Mixer(nn.Module):
         xbc_channels_first = op.Transpose(
             op.Reshape(to_float32(op, xbc), dims.shape(op, s.conv_dim)), perm=[0, 2, 1]
         )
-        conv_out, conv_state = self.conv1d(op, xbc_channels_first, to_float32(op, past_conv))
+        conv_out, conv_state = self.conv1d(
+            op,
+            xbc_channels_first,
+            kernel_past(op, to_float32(op, past_conv), self.kernel),
+            self.kernel,
+        )
+        conv_state, conv_slots = kernel_presents(op, conv_state, dims.sequence, self.kernel)
         present_conv = cast_to(op, conv_state, past_conv.dtype)
         conv_rows = op.Reshape(
             op.Transpose(conv_out, perm=[0, 2, 1]), op.Constant(value_ints=[-1, s.conv_dim])
@@ -165,7 +187,7 @@ class Mamba2Mixer(nn.Module):
             query,
             key,
             value,
-            to_float32(op, past_ssm),
+            kernel_past(op, to_float32(op, past_ssm), self.kernel),
             decay,
             update_rule="gated",
             q_num_heads=heads,
@@ -173,8 +195,10 @@ class Mamba2Mixer(nn.Module):
             scale=1.0,
             _outputs=2,
             **(contrib_op(op) if self.contrib else {}),
+            **({"state_window": self.kernel} if self.kernel else {}),
         )
         y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
+        present_ssm, ssm_slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
         present_ssm = cast_to(op, present_ssm, past_ssm.dtype)
 
         # D skip connection, per head, in FP32.
@@ -189,6 +213,12 @@ class Mamba2Mixer(nn.Module):
         out = self.out_proj(op, cast_to(op, normed, self.dtype))
         if not self.window:
             return out, present_conv, present_ssm
+        if self.kernel:
+            slots = [
+                cast_to(op, conv_slots, past_conv.dtype),
+                cast_to(op, ssm_slots, past_ssm.dtype),
+            ]
+            return out, present_conv, present_ssm, *slots
         past_conv_f32, past_ssm_f32 = to_float32(op, past_conv), to_float32(op, past_ssm)
         windows = windowed(
             op,

@@ -17,6 +17,11 @@ kernels refuse `state_window > 0`):
   call, S_j = exp(sum_{l<=j} g_l) S_0 + sum_{i<=j} exp(sum_{i<l<=j} g_l) k_i v_i^T, with
   the segment sums taken by a masked CumSum (no difference of long cumulative sums). At
   most W positions: a [T, T] decay matrix and one batched MatMul per layer.
+
+The kernel route (`kernel_past` / `kernel_presents`, CUDA only, opt-in) asks onnxruntime's
+com.microsoft ops for the windows instead (their `state_window` attribute): the past state is
+given W slots (only the last is read), the present is the last slot, and the window is the
+last min(T, W) slots, which for T <= W are the call's T positions.
 """
 
 from __future__ import annotations
@@ -137,3 +142,26 @@ def windowed(
         value.type = ir.TensorType(dtype)
         value.shape = ir.Shape(["window", "batch", *shape])
     return list(results)
+
+
+def kernel_past(op: OpBuilder, past: ir.Value, window: int) -> ir.Value:
+    """A state [B, ...] as the `state_window` ops' past [W, B, ...] (they read slot W - 1);
+    `past` itself when window is 0."""
+    if not window:
+        return past
+    rank = len(past.shape) if past.shape is not None else 4
+    return op.Expand(op.Unsqueeze(past, _ints(op, 0)), _ints(op, window, *[1] * rank))
+
+
+def kernel_presents(
+    op: OpBuilder, states: ir.Value, sequence: ir.Value, window: int
+) -> tuple[ir.Value, ir.Value | None]:
+    """A `state_window` op's present [W, B, ...] -> (the state after the call [B, ...], the
+    window: its last min(T, W) slots); (states, None) when window is 0."""
+    if not window:
+        return states, None
+    last = op.Squeeze(
+        op.Slice(states, _ints(op, window - 1), _ints(op, window), _ints(op, 0)), _ints(op, 0)
+    )
+    start = op.Sub(_ints(op, window), op.Min(sequence, _ints(op, window)))
+    return last, op.Slice(states, start, _ints(op, window), _ints(op, 0))

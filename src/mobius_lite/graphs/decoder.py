@@ -37,6 +37,7 @@ def build_decoder(
     final_hidden_output: bool = False,
     logits_from_embeddings: bool = False,
     speculation_window: int = 0,
+    window_kernel: bool = False,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
@@ -53,11 +54,14 @@ def build_decoder(
     source). speculation_window W > 0 adds, per Mamba state, the output
     present_window.{layer}.{role} [window, batch, ...]: the state after each position of a
     call of 2..W positions, no slot otherwise (components/state_window.py), so a speculative
-    runtime continues from an accepted prefix without a second call.
+    runtime continues from an accepted prefix without a second call. window_kernel: take the
+    windows from onnxruntime's `state_window` attribute (ort backend, CUDA kernels only).
     """
     ctx = ctx or BuildContext.dense()
     if speculation_window:
-        ctx = dataclasses.replace(ctx, speculation_window=speculation_window)
+        ctx = dataclasses.replace(
+            ctx, speculation_window=speculation_window, window_kernel=window_kernel
+        )
     dtype = ctx.dtype
     module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
     apply_weight_formats(module, ctx)

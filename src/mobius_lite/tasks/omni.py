@@ -101,6 +101,7 @@ def omni_graphs(
         final_hidden_output=head,
         logits_from_embeddings=tied,
         speculation_window=options.speculation_window(head),
+        window_kernel=options.state_window_kernel,
     )
     media = {IMAGE_FEATURES: config.image_token_id}
     if config.has_audio:

@@ -36,6 +36,8 @@ class ExportOptions:
     # packages with an MTP head the default window and others none; 0 turns it off
     state_window: int | None = None
     draft_head: DraftHead = DraftHead.EXACT  # the MTP head's route (--draft-head)
+    # the decoder's windows from onnxruntime's state_window attribute (ort backend, CUDA)
+    state_window_kernel: bool = False
 
     def speculation_window(self, head: bool) -> int:
         """The decoder's speculation window: the options' own, or the default when the

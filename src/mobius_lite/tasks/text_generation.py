@@ -55,6 +55,7 @@ def text_generation_graphs(
         final_hidden_output=head,
         logits_from_embeddings=tied,
         speculation_window=options.speculation_window(head),
+        window_kernel=options.state_window_kernel,
     )
     models = [(GraphRole.DECODER, decoder)]
     if head:
