@@ -145,14 +145,7 @@ class Mamba2Mixer(nn.Module):
         xbc_channels_first = op.Transpose(
             op.Reshape(to_float32(op, xbc), dims.shape(op, s.conv_dim)), perm=[0, 2, 1]
         )
-        conv_out, conv_state = self.conv1d(
-            op,
-            xbc_channels_first,
-            kernel_past(op, to_float32(op, past_conv), self.kernel),
-            self.kernel,
-        )
-        conv_state, conv_slots = kernel_presents(op, conv_state, dims.sequence, self.kernel)
-        present_conv = cast_to(op, conv_state, past_conv.dtype)
+        conv_out, present_conv, conv_slots = self._conv(op, dims, xbc_channels_first, past_conv)
         conv_rows = op.Reshape(
             op.Transpose(conv_out, perm=[0, 2, 1]), op.Constant(value_ints=[-1, s.conv_dim])
         )
@@ -183,23 +176,7 @@ class Mamba2Mixer(nn.Module):
         value = op.Reshape(hidden, dims.shape(op, heads * head_dim))
         decay = op.Reshape(op.Mul(dt, a), dims.shape(op, heads))
 
-        y, present_ssm = op.LinearAttention(
-            query,
-            key,
-            value,
-            kernel_past(op, to_float32(op, past_ssm), self.kernel),
-            decay,
-            update_rule="gated",
-            q_num_heads=heads,
-            kv_num_heads=heads,
-            scale=1.0,
-            _outputs=2,
-            **(contrib_op(op) if self.contrib else {}),
-            **({"state_window": self.kernel} if self.kernel else {}),
-        )
-        y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
-        present_ssm, ssm_slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
-        present_ssm = cast_to(op, present_ssm, past_ssm.dtype)
+        y, present_ssm, ssm_slots = self._recurrence(op, dims, query, key, value, decay, past_ssm)
 
         # D skip connection, per head, in FP32.
         y = op.Reshape(y, op.Constant(value_ints=[-1, heads, head_dim]))
@@ -219,8 +196,70 @@ class Mamba2Mixer(nn.Module):
                 cast_to(op, ssm_slots, past_ssm.dtype),
             ]
             return out, present_conv, present_ssm, *slots
+        windows = self._windows(
+            op, dims, past_conv, past_ssm, xbc_channels_first, key, value, decay
+        )
+        return out, present_conv, present_ssm, *windows
+
+    def _conv(
+        self, op: OpBuilder, dims: Dims, x: ir.Value, past_conv: ir.Value
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """The causal conv of x [B, conv_dim, T] FP32: (its output FP32, the present conv
+        state in the cache dtype, its window from the state_window kernel or None)."""
+        past = kernel_past(op, to_float32(op, past_conv), self.kernel)
+        out, state = self.conv1d(op, x, past, self.kernel)
+        state, slots = kernel_presents(op, state, dims.sequence, self.kernel)
+        return out, cast_to(op, state, past_conv.dtype), slots
+
+    def _recurrence(
+        self,
+        op: OpBuilder,
+        dims: Dims,
+        query: ir.Value,
+        key: ir.Value,
+        value: ir.Value,
+        decay: ir.Value,
+        past_ssm: ir.Value,
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """The SSD recurrence on LinearAttention ("gated"): (y FP32, present SSM state in the
+        cache dtype, its window from the state_window kernel or None)."""
+        heads = self.spec.num_heads
+        y, present_ssm = op.LinearAttention(
+            query,
+            key,
+            value,
+            kernel_past(op, to_float32(op, past_ssm), self.kernel),
+            decay,
+            update_rule="gated",
+            q_num_heads=heads,
+            kv_num_heads=heads,
+            scale=1.0,
+            _outputs=2,
+            **(contrib_op(op) if self.contrib else {}),
+            **({"state_window": self.kernel} if self.kernel else {}),
+        )
+        y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
+        present_ssm, slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
+        return y, cast_to(op, present_ssm, past_ssm.dtype), slots
+
+    def _windows(
+        self,
+        op: OpBuilder,
+        dims: Dims,
+        past_conv: ir.Value,
+        past_ssm: ir.Value,
+        conv_input: ir.Value,
+        key: ir.Value,
+        value: ir.Value,
+        decay: ir.Value,
+    ) -> list[ir.Value]:
+        """The conv and SSM state windows of a short call on standard ops
+        (components/state_window.py): conv_input [B, conv_dim, T] FP32, and the SSD
+        recurrence's key, value and decay."""
+        s = self.spec
+        heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
         past_conv_f32, past_ssm_f32 = to_float32(op, past_conv), to_float32(op, past_ssm)
-        windows = windowed(
+        return windowed(
             op,
             dims.sequence,
             self.window,
@@ -229,8 +268,7 @@ class Mamba2Mixer(nn.Module):
                 ("ssm_window", past_ssm.dtype, (heads, state, head_dim)),
             ],
             lambda op: [
-                conv_window(op, past_conv_f32, xbc_channels_first, s.conv_kernel),
+                conv_window(op, past_conv_f32, conv_input, s.conv_kernel),
                 ssm_window(op, past_ssm_f32, key, value, decay, heads, state, head_dim),
             ],
         )
-        return out, present_conv, present_ssm, *windows

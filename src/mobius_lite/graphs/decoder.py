@@ -11,7 +11,7 @@ from onnxscript import GraphBuilder
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
-from mobius_lite.graphs.cache import BATCH, cache_tensors
+from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
 
 LOGITS_TO_KEEP = "logits_to_keep"
@@ -83,15 +83,7 @@ def build_decoder(
     logits.name = "logits"
     logits.type = ir.TensorType(ir.DataType.FLOAT)
     logits.shape = ir.Shape([BATCH, "logits_sequence", config.vocab_size])
-    outputs = [logits]
-    for c in cache:
-        value = presents[c.present_name]
-        if value.producer() is None or value in outputs or value.is_graph_input():
-            value = builder.op.Identity(value)
-        value.name = c.present_name
-        value.type = ir.TensorType(c.dtype)
-        value.shape = ir.Shape(list(c.present_shape))
-        outputs.append(value)
+    outputs = [logits, *cache_outputs(builder, presents, cache, [logits])]
     if speculation_window:
         outputs += [
             name_output(presents[c.window_name], c.window_name, c.dtype, c.window_shape)
@@ -99,17 +91,7 @@ def build_decoder(
             if c.windowed
         ]
     if final_hidden_output:
-        per_sequence = builder.op.Reshape(
-            final,
-            builder.op.Concat(
-                builder.op.Slice(builder.op.Shape(tokens), [0], [2]),
-                builder.op.Constant(value_ints=[config.hidden_size]),
-                axis=0,
-            ),
-        )
-        outputs.append(
-            name_output(per_sequence, HIDDEN_STATES, dtype, (BATCH, "sequence", config.hidden_size))
-        )
+        outputs.append(final_hidden(builder, final, tokens, config.hidden_size, dtype))
     if hidden_state_outputs:
         for i, hidden in enumerate(layer_outputs):
             exposed = builder.op.Identity(hidden)
@@ -119,3 +101,34 @@ def build_decoder(
             outputs.append(exposed)
     graph.outputs.extend(outputs)
     return to_model(graph), module
+
+
+def cache_outputs(
+    builder: GraphBuilder,
+    presents: dict[str, ir.Value],
+    cache: list[CacheTensor],
+    taken: list[ir.Value],
+) -> list[ir.Value]:
+    """The present.* outputs in cache order, named and typed; a value that is not a node's
+    own output (a graph input, or one already an output) goes through an Identity."""
+    outputs: list[ir.Value] = []
+    for c in cache:
+        value = presents[c.present_name]
+        if value.producer() is None or value in taken or value in outputs or value.is_graph_input():
+            value = builder.op.Identity(value)
+        value.name = c.present_name
+        value.type = ir.TensorType(c.dtype)
+        value.shape = ir.Shape(list(c.present_shape))
+        outputs.append(value)
+    return outputs
+
+
+def final_hidden(
+    builder: GraphBuilder, final: ir.Value, tokens: ir.Value, width: int, dtype: ir.DataType
+) -> ir.Value:
+    """The `hidden_states` output: the final-normed rows [rows, width] as [batch, sequence,
+    width] (the MTP head's input)."""
+    op = builder.op
+    shape = op.Concat(op.Slice(op.Shape(tokens), [0], [2]), op.Constant(value_ints=[width]), axis=0)
+    per_sequence = op.Reshape(final, shape)
+    return name_output(per_sequence, HIDDEN_STATES, dtype, (BATCH, "sequence", width))
