@@ -369,3 +369,38 @@ def test_adaptive_k_keeps_plain_tokens_and_states(
         assert stats.k_rounds[0] > 0.7 * stats.rounds
     else:
         assert len(stats.k_rounds) > 1
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("kept", [1, 2, 3, 4])
+def test_keep_prefix_at_every_position(package, plain_runs, batch: int, kept: int) -> None:
+    """A verifying call of 5 tokens cut back to its first `kept` (a rejection at each draft
+    position of a K = 4 round) leaves the state of feeding only those tokens one call each:
+    every conv, SSM and attention array (FP32 gates) and the mask."""
+    run = plain_runs[batch]
+    decoder = DecoderSession(package / "model.onnx")
+    decoder.reset(batch)
+    decoder.step(run["ids"], run["mask"])
+    before = (dict(decoder.past), decoder.mask)
+    fed = run["tokens"][:, :5]
+    out = decoder.step(fed)
+    assert decoder.keep_prefix(out, 5, kept)
+    cut = (dict(decoder.past), decoder.mask)
+    decoder.past, decoder.mask = dict(before[0]), before[1]
+    for j in range(kept):
+        decoder.step(fed[:, j : j + 1])
+    np.testing.assert_array_equal(cut[1], decoder.mask)
+    assert not state_failures(cut[0], decoder.past)
+
+
+def test_keep_prefix_refuses_a_call_without_windows(package, plain_runs) -> None:
+    """A call longer than the window (9 positions) has no slots: keep_prefix says so and
+    changes nothing (the caller then re-runs)."""
+    run = plain_runs[1]
+    decoder = DecoderSession(package / "model.onnx")
+    decoder.reset(1)
+    out = decoder.step(run["ids"])
+    past, mask = dict(decoder.past), decoder.mask
+    assert not decoder.keep_prefix(out, run["ids"].shape[1], 3)
+    assert decoder.past.keys() == past.keys()
+    assert all(decoder.past[n] is past[n] for n in past) and decoder.mask is mask
