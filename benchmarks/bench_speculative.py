@@ -1,24 +1,33 @@
-"""Speculative greedy decoding with the trained MTP head against plain greedy decoding, on the
-model benchmarks/train_mtp_head.py trained: acceptance rate and decode tokens/s for each K,
-tokens checked identical to plain greedy decoding on every prompt.
+"""Speculative greedy decoding on the "mid" model (hidden 1024, 64 experts, vocabulary 32,000;
+benchmarks/bench_mid.py's widths in bench_gguf.py's pattern ME*MEME*ME, which llama.cpp can
+load, with a one-layer MTP head), where a decoder step is memory-bound: what speculation
+gains over plain greedy decoding, and what a draft costs.
 
-The `oracle_k*` modes draft with tests/speculative_fixtures.ScriptedHead, which proposes the
-known plain continuation (every draft right, at the cost of a few numpy lines instead of a
-head call): the ceiling of the verify-and-accept mechanism on this decoder.
+Packages (one random checkpoint with a head, built here):
+  - f32: the safetensors checkpoint, `mobius build --backend ort` (its head exact);
+  - q8_0-int8: a Q8_0 GGUF of the same weights (head included), `--backend ort
+    --activations int8 --draft-head fast`.
+Modes, each over the whole `speculative_greedy` call (prefill included; a 32-token prompt and
+48 new tokens by default; median over --rounds, the modes' order rotating every round):
+  - plain: runtime.greedy;
+  - scripted p=P k=K: a drafter that proposes the decoder's true continuation with
+    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; tests/speculative_fixtures.ScriptedHead,
+    no model call), K fixed at 1..4, and `adaptive` (the DraftController, K up to 4);
+  - head k=K: the package's own head (random weights: its acceptance is near 0; its call cost
+    is the real one), fixed K and adaptive;
+  - head call cost: median seconds of one chained draft call (one position) next to one
+    plain decoder step.
+Every run's tokens are checked identical to plain greedy decoding's. llama.cpp's plain greedy
+decode of the Q8_0 GGUF runs in the same process when llama-cpp-python (the optional
+`llamacpp` extra) is installed; otherwise the report says so and the rest runs.
 
-Each round runs every mode (plain, then K = 1, 2, ...) on every prompt, in an order that
-rotates every round; a mode's time is the median over rounds. Decode tokens/s is
-(new tokens - 1) / (generation time - the median prefill time), so it leaves the 8-token
-prefill out on both sides. The load average is recorded around the run: the machine is shared.
+Timings on a shared machine are not quiet measurements: the load average is recorded.
 
-llama.cpp on the same weights runs when the optional `llamacpp` extra (llama-cpp-python) is
-installed: plain greedy decode of an F32 GGUF of the same decoder. llama-cpp-python has no
-entry point for llama.cpp's own nextn (MTP) draft (its `draft_model` hook takes a draft
-written in Python), so no llama.cpp speculative figure is produced; the report says so.
-
-Usage (after train_mtp_head.py wrote /tmp/mtp_bench/checkpoint):
-    python benchmarks/bench_speculative.py --workdir /tmp/mtp_bench --threads 2 \
+Usage:
+    python benchmarks/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
         --json docs/bench_speculative.json
+    python benchmarks/bench_speculative.py --workdir /tmp/bench_spec_tiny --size tiny \
+        --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,160 +48,239 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from bench_common import session_options  # noqa: E402
+from bench_common import claim_workdir, release_workdir, session_options  # noqa: E402
+from bench_mid import MID  # noqa: E402
 
 from speculative_fixtures import ScriptedHead  # noqa: E402
 
-PROMPT = 8
+# bench_gguf.py's mid MoE pattern: llama.cpp's nemotron_h_moe has no dense MLP layers
+PATTERN = {
+    "layers_block_type": [{"M": "mamba", "E": "moe", "*": "attention"}[c] for c in "ME*MEME*ME"]
+}
+PROBABILITIES = (0.0, 0.5, 0.7, 0.85, 1.0)
+KS = (1, 2, 3, 4)
+# A smoke-test size: the mid pattern with small widths (Q8_0 needs multiples of 32).
+TINY = {
+    **MID,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "ssm_state_size": 16,
+    "n_groups": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "moe_shared_expert_intermediate_size": 64,
+}
 
 
-def prompts(count: int, vocab: int) -> list[np.ndarray]:
-    """Random prompts (a seed train_mtp_head.py does not use)."""
-    rng = np.random.default_rng(10)
-    return [rng.integers(3, vocab, size=(1, PROMPT)).astype(np.int64) for _ in range(count)]
+def make_model(size: str, seed: int = 0) -> Any:
+    """The random transformers model of `size` ("mid" or "tiny"), declaring one MTP layer."""
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    widths = MID if size == "mid" else TINY
+    config = NemotronHConfig(**{**widths, **PATTERN}, num_nextn_predict_layers=1)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    model = NemotronHForCausalLM(config).eval()
+    with torch.no_grad():  # spread router scores so routing is not degenerate (as bench_mid)
+        for layer in model.model.layers:
+            if layer.block_type == "moe":
+                layer.mixer.gate.weight.normal_(0.0, 0.05)
+    return model
 
 
-def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
+def build_packages(args: argparse.Namespace) -> dict[str, Path]:
+    """The checkpoint (head tensors added), its Q8_0 GGUF, and the two packages."""
+    from safetensors.numpy import load_file, save_file
+
+    import mobius_lite
+    from gguf_fixtures import write_gguf
+    from mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
+
+    model = make_model(args.size)
+    checkpoint = args.workdir / "checkpoint"
+    model.save_pretrained(checkpoint)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(100))
+    path = checkpoint / "model.safetensors"
+    save_file({**load_file(path), **head}, path, metadata={"format": "pt"})
+    gguf = args.workdir / "model-q8_0.gguf"
+    nextn = nextn_tensors(head, model.config, {})
+    write_gguf(gguf, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn)
+    del model
+    f32 = mobius_lite.build(checkpoint, weights_backend="ort").save(
+        args.workdir / "f32", quiet=True
+    )
+    q8 = mobius_lite.build(gguf, weights_backend="ort", activations="int8", draft_head="fast").save(
+        args.workdir / "q8_0-int8", quiet=True
+    )
+    return {"f32": f32, "q8_0-int8": q8, "gguf": gguf}
+
+
+def scripted(known: np.ndarray, vocab: int, p: float, seed: int) -> ScriptedHead:
+    """A drafter right with probability p per draft (a fixed random draw per position)."""
+    wrong = np.random.default_rng(seed).random(known.shape[1] + 8) >= p
+    return ScriptedHead(known, vocab, lambda row, t: bool(wrong[t]))
+
+
+def modes(head_factory: Callable[[], Any]) -> dict[str, tuple[Any, int | None]]:
+    """mode name -> (drafter factory taking the known continuation, K or None: adaptive)."""
+    out: dict[str, tuple[Any, int | None]] = {"plain": (None, 0)}
+    for p in PROBABILITIES:
+        for k in (*KS, None):
+            name = f"scripted p={p} " + (f"k={k}" if k else "adaptive")
+            out[name] = ((lambda known, vocab, p=p: scripted(known, vocab, p, 7)), k)
+    for k in (1, 3, None):
+        out["head " + (f"k={k}" if k else "adaptive")] = ((lambda known, vocab: head_factory()), k)
+    return out
+
+
+def run_package(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     from mobius_lite.runtime import DecoderSession, greedy
     from mobius_lite.speculative import open_head, speculative_greedy
 
-    options = session_options(args.threads)
-    decoder = DecoderSession(package / "model.onnx", session_options=options)
-    head = open_head(package, session_options=session_options(args.threads))
-    texts = prompts(args.prompts, decoder.vocab_size)
-    modes = ["plain", *(f"k{k}" for k in args.ks), *(f"oracle_k{k}" for k in args.ks)]
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    prefill: list[float] = []
-    counts = {m: {"proposed": 0, "accepted": 0, "rounds": 0, "rollbacks": 0} for m in modes}
-    plain_tokens: dict[int, list[int]] = {}
+    decoder = DecoderSession(package / "model.onnx", session_options=session_options(args.threads))
+
+    def new_head() -> Any:
+        return open_head(package, session_options=session_options(args.threads))
+
+    rng = np.random.default_rng(10)
+    ids = rng.integers(3, decoder.vocab_size, size=(1, args.prompt_length)).astype(np.int64)
+    plain = greedy(decoder, ids, args.new_tokens).tokens  # warm-up and the reference
+    known = np.array([[*ids[0], *plain]])
+    table = modes(new_head)
+    times: dict[str, list[float]] = {m: [] for m in table}
+    stats: dict[str, dict[str, Any]] = {}
     identical = True
-    for index in range(len(texts)):  # warm-up
-        plain_tokens[index] = greedy(decoder, texts[index], args.new_tokens).tokens
+    names = list(table)
     for r in range(args.rounds):
-        order = modes[r % len(modes) :] + modes[: r % len(modes)]
-        for index, ids in enumerate(texts):
-            decoder.reset(1)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            make, k = table[name]
             start = time.perf_counter()
-            decoder.step(ids, logits_to_keep=1)
-            prefill.append(time.perf_counter() - start)
-            for mode in order:
-                start = time.perf_counter()
-                if mode == "plain":
-                    tokens = greedy(decoder, ids, args.new_tokens).tokens
-                else:
-                    drafter = head
-                    if mode.startswith("oracle"):  # drafts the known continuation: always right
-                        known = np.array([[*ids[0], *plain_tokens[index]]])
-                        drafter = ScriptedHead(known, decoder.vocab_size, lambda row, t: False)
-                    drafted, stats = speculative_greedy(
-                        decoder, drafter, ids, args.new_tokens, int(mode.rpartition("k")[2])
-                    )
-                    tokens = drafted[0]
-                    if r == 0:
-                        for key in counts[mode]:
-                            counts[mode][key] += getattr(stats, key)
-                times[mode].append(time.perf_counter() - start)
-                identical &= tokens == plain_tokens[index]
-    prefill_s = statistics.median(prefill)
-    results: dict[str, Any] = {}
-    for mode in modes:
-        # per prompt: the median over rounds
-        per_prompt = [statistics.median(times[mode][i :: len(texts)]) for i in range(len(texts))]
-        decode_s = sum(t - prefill_s for t in per_prompt)
-        results[mode] = {
-            "decode_tokens_per_s": round((args.new_tokens - 1) * len(texts) / decode_s, 1),
-            "generation_s_per_prompt": [round(t, 4) for t in per_prompt],
+            if make is None:
+                tokens = greedy(decoder, ids, args.new_tokens).tokens
+            else:
+                drafter = make(known, decoder.vocab_size)
+                drafted, s = speculative_greedy(
+                    decoder, drafter, ids, args.new_tokens, k or max(KS), adaptive=k is None
+                )
+                tokens = drafted[0]
+                stats.setdefault(name, s.as_dict())
+            times[name].append(time.perf_counter() - start)
+            identical &= tokens == plain
+    base = statistics.median(times["plain"])
+    results = {
+        name: {
+            "seconds": round(statistics.median(t), 4),
+            "vs_plain": round(base / statistics.median(t), 3),
+            **({"stats": stats[name]} if name in stats else {}),
         }
-        if mode != "plain":
-            c = counts[mode]
-            results[mode].update(c, acceptance_rate=round(c["accepted"] / c["proposed"], 3))
-    plain_rate = results["plain"]["decode_tokens_per_s"]
-    for mode in modes[1:]:
-        results[mode]["speedup"] = round(results[mode]["decode_tokens_per_s"] / plain_rate, 2)
+        for name, t in times.items()
+    }
     return {
-        "prefill_s_median": round(prefill_s, 5),
         "tokens_identical_to_plain": identical,
+        "decoder_windows": len(decoder.windows),
+        "head_call_cost": head_call_cost(decoder, new_head(), ids, args.repeats),
         "modes": results,
     }
 
 
-def run_llama_cpp(args: argparse.Namespace, checkpoint: Path) -> dict[str, Any]:
-    """Plain greedy decode tokens/s of llama.cpp on an F32 GGUF of the same decoder."""
+def head_call_cost(decoder: Any, head: Any, ids: np.ndarray, repeats: int) -> dict[str, float]:
+    """Median seconds of one chained draft call (one position) and one plain decoder step."""
+    decoder.reset(1)
+    out = decoder.step(ids, logits_to_keep=1)
+    token = out["logits"][:, -1].argmax(-1)[:, None]
+    head.reset(1)
+    logits, hidden = head.step(
+        np.concatenate([ids[:, 1:], token], 1), out["hidden_states"], np.ones_like(ids)
+    )
+    draft_s, step_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        logits, hidden = head.step(logits[:, -1:].argmax(-1), hidden[:, -1:], np.ones((1, 1)))
+        draft_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        out = decoder.step(token, logits_to_keep=1)
+        step_s.append(time.perf_counter() - start)
+        token = out["logits"][:, -1].argmax(-1)[:, None]
+    draft, step = statistics.median(draft_s), statistics.median(step_s)
+    return {"draft_call_s": draft, "decoder_step_s": step, "draft_over_step": draft / step}
+
+
+def run_llama_cpp(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
+    """Plain greedy decode of the Q8_0 GGUF with llama.cpp, timed like the plain mode."""
     if importlib.util.find_spec("llama_cpp") is None:
         return {
             "status": "not run: llama-cpp-python (the optional llamacpp extra) is not installed"
         }
     from llama_cpp import Llama
-    from transformers import NemotronHForCausalLM
 
-    from gguf_fixtures import build_bpe_tokenizer, write_gguf
-
-    gguf = args.workdir / "model-f32.gguf"
-    if not gguf.is_file():
-        model = NemotronHForCausalLM.from_pretrained(checkpoint)
-        tokenizer = build_bpe_tokenizer(["the quick brown fox jumps over the lazy dog"] * 8)
-        write_gguf(gguf, model, "nemotron_h_moe", tokenizer=tokenizer)
     llm = Llama(
         str(gguf),
-        n_ctx=PROMPT + args.new_tokens + 8,
+        n_ctx=args.prompt_length + args.new_tokens + 8,
         n_threads=args.threads,
         n_threads_batch=args.threads,
         verbose=False,
     )
     vocab = llm.n_vocab()
-    rates = []
-    for ids in prompts(args.prompts, vocab):
+    ids = np.random.default_rng(10).integers(3, vocab, size=args.prompt_length).tolist()
+    times = []
+    for _ in range(args.rounds):
         llm.reset()
-        llm.eval(ids[0].tolist())
         start = time.perf_counter()
+        llm.eval(ids)
         for _ in range(args.new_tokens - 1):
             logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab,))
             llm.eval([int(logits.argmax())])
-        rates.append((args.new_tokens - 1) / (time.perf_counter() - start))
+        times.append(time.perf_counter() - start)
     return {
-        "status": "plain decode only: llama-cpp-python exposes no llama.cpp nextn (MTP) draft",
-        "decode_tokens_per_s": round(statistics.median(rates), 1),
+        "status": "plain decode only (llama-cpp-python exposes no nextn (MTP) draft)",
+        "seconds": round(statistics.median(times), 4),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--size", choices=["mid", "tiny"], default="mid")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompt-length", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ks", type=lambda s: [int(k) for k in s.split(",")], default=[1, 2, 3, 4])
+    parser.add_argument("--repeats", type=int, default=20, help="head call-cost samples")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    import mobius_lite
-
-    checkpoint = args.workdir / "checkpoint"
-    package = args.workdir / "package"
-    if not (package / "mtp.onnx").is_file():
-        mobius_lite.build(checkpoint).save(package, quiet=True)
+    claim_workdir(args.workdir)
     load_before = os.getloadavg()
     start = time.perf_counter()
+    packages = build_packages(args)
     report: dict[str, Any] = {
         "command": " ".join(sys.argv),
+        "size": args.size,
+        "prompt_length": args.prompt_length,
         "new_tokens": args.new_tokens,
-        "prompts": args.prompts,
         "rounds": args.rounds,
         "threads": args.threads,
-        "package": run_modes(args, package),
-        "llama_cpp": run_llama_cpp(args, checkpoint),
+        "packages": {name: run_package(args, packages[name]) for name in ("f32", "q8_0-int8")},
+        "llama_cpp_q8_0": run_llama_cpp(args, packages["gguf"]),
     }
     report["wall_s"] = round(time.perf_counter() - start, 1)
     report["load_average_before_after"] = [list(load_before), list(os.getloadavg())]
     report["cpu_count"] = os.cpu_count()
-    train = args.workdir / "train_report.json"
-    if train.is_file():
-        report["training"] = json.loads(train.read_text())
+    report["note"] = "timings from a shared machine unless the load average says otherwise"
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
+    release_workdir(args.workdir)
 
 
 if __name__ == "__main__":

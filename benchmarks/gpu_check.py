@@ -1,11 +1,19 @@
 """The GPU check: every CUDA route this checkout builds, on one GPU, one verdict line each.
 
-Routes checked so far (issue 28):
+Routes checked:
 - `--quantize int4 | int8` packages for `--ep cuda --dtype f16 --backend ort` (MatMulNBits
   with f16 activations and scales, symmetric and asymmetric): the package runs on
   CUDAExecutionProvider, and its prefill and decode logits match the same quantization built
   for the CPU in f32 (the same weights; the f16 graph's own rounding) within the release
   gates (NRMSE <= 0.03, cosine >= 0.999), with the same greedy tokens.
+- the speculation windows from onnxruntime's `state_window` attribute (issue 29;
+  build(..., ep="cuda", weights_backend="ort", state_window_kernel=True), docs/speculative.md),
+  on a tiny random checkpoint with an MTP head, against the scan route (standard ops):
+  1. a prompt, then one 5-position call: every present_window.* slot and present of the
+     kernel route against the scan route's (FP32 gates);
+  2. speculative greedy decoding at K = 4 with a scripted drafter wrong at every fifth
+     position, batch 1 and 2: tokens identical to plain greedy decoding, every rejection cut
+     back from the windows (no re-run), and the final states plain decoding's (FP32 gates).
 Each route prints `PASS`, `FAIL` or `SKIP` with its figures; the exit status is 1 when any
 route fails. Without a GPU (no CUDAExecutionProvider, or no device) it prints one line and
 exits 0.
@@ -19,11 +27,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # the MTP checkpoint and scripted drafter fixtures
 
 from bench_common import claim_workdir, release_workdir  # noqa: E402
 
@@ -126,6 +136,101 @@ def check_quantized(checkpoint: Path, workdir: Path, name: str, flags: list[str]
     )
 
 
+CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+SPECULATION_TOKENS = 32
+
+
+def gates(name: str, actual: np.ndarray, expected: np.ndarray) -> dict[str, Any]:
+    from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+
+    c = compare(name, actual, expected)
+    return {"name": name, "nrmse": c.nrmse, "passes": c.passes(FP32_NRMSE, FP32_COSINE)}
+
+
+def window_slots(packages: dict[str, Path]) -> list[dict[str, Any]]:
+    """Check 1: the kernel route's windows and presents against the scan route's."""
+    from mobius_lite.runtime import DecoderSession
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, 80, size=(2, 9)).astype(np.int64)
+    fed = rng.integers(3, 80, size=(2, 5)).astype(np.int64)
+    outs = {}
+    for route, package in packages.items():
+        decoder = DecoderSession(package / "model.onnx", CUDA)
+        decoder.reset(2)
+        decoder.step(prompt)
+        outs[route] = decoder.step(fed)
+    results = []
+    for name, expected in outs["scan"].items():
+        if name.startswith("present"):
+            results.append(gates(name, outs["kernel"][name], expected))
+    return results
+
+
+def speculation(package: Path) -> list[dict[str, Any]]:
+    """Check 2: speculative decoding on the kernel route against plain greedy decoding."""
+    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.speculative import speculative_greedy
+    from speculative_fixtures import ScriptedHead, plain_greedy
+
+    results = []
+    for batch in (1, 2):
+        decoder = DecoderSession(package / "model.onnx", CUDA)
+        ids = np.random.default_rng(batch).integers(3, 80, size=(batch, 9)).astype(np.int64)
+        mask = np.ones_like(ids)
+        plain, _ = plain_greedy(decoder, ids, mask, SPECULATION_TOKENS)
+        state = dict(decoder.past)
+        known = np.concatenate([ids, plain], axis=1)
+        head = ScriptedHead(known, decoder.vocab_size, lambda row, t: (7 * t + row) % 5 == 0)
+        tokens, stats = speculative_greedy(
+            decoder, head, ids, SPECULATION_TOKENS, 4, attention_mask=mask, adaptive=False
+        )
+        states = [gates(f"batch {batch} {n}", decoder.past[n], v) for n, v in state.items()]
+        results.append(
+            {
+                "batch": batch,
+                "tokens_identical": bool(np.array_equal(np.array(tokens), plain)),
+                "rewinds": stats.rewinds,
+                "rollbacks": stats.rollbacks,
+                "passes": bool(np.array_equal(np.array(tokens), plain))
+                and stats.rollbacks == 0
+                and stats.rewinds > 0
+                and all(s["passes"] for s in states),
+                "states": states,
+            }
+        )
+    return results
+
+
+def check_state_window(workdir: Path) -> list[str]:
+    """The state_window kernel route against the scan route: one verdict line per check."""
+    import mobius_lite
+    from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+
+    checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(workdir / "mtp-checkpoint")
+    packages = {
+        route: mobius_lite.build(
+            checkpoint, ep="cuda", weights_backend="ort", state_window_kernel=route == "kernel"
+        ).save(workdir / f"window-{route}", quiet=True)
+        for route in ("scan", "kernel")
+    }
+    slots = window_slots(packages)
+    worst = max(slot["nrmse"] for slot in slots)
+    verdict = "PASS" if all(slot["passes"] for slot in slots) else "FAIL"
+    lines = [
+        f"{verdict} state_window slots (kernel vs scan, {len(slots)} arrays): "
+        f"worst nrmse {worst:.2e}"
+    ]
+    for run in speculation(packages["kernel"]):
+        verdict = "PASS" if run["passes"] else "FAIL"
+        lines.append(
+            f"{verdict} state_window speculation batch {run['batch']}: tokens "
+            f"{'identical' if run['tokens_identical'] else 'differ'}, {run['rewinds']} cut back, "
+            f"{run['rollbacks']} re-runs"
+        )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="/tmp/gpu_check")
@@ -144,6 +249,13 @@ def main() -> int:
             except Exception as exc:  # one route's failure is its verdict, not the run's end
                 lines.append(f"FAIL quantize {name}: {type(exc).__name__}: {exc}")
             print(lines[-1], flush=True)
+        try:
+            window_lines = check_state_window(workdir)
+        except Exception as exc:  # as above: the route's verdict
+            window_lines = [f"FAIL state_window: {type(exc).__name__}: {exc}"]
+        for line in window_lines:
+            lines.append(line)
+            print(line, flush=True)
     finally:
         release_workdir(workdir)
     return 1 if any(line.startswith("FAIL") for line in lines) else 0

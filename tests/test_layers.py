@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
         "runtime",
         "omni_runtime",
         "speculative",
+        "draft_control",
         "media",
         "routes",
     ),

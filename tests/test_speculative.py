@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import mobius_lite
 from mobius_lite.cli.main import main
+from mobius_lite.draft_control import DraftController
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.runtime import DecoderSession, greedy
@@ -93,7 +94,9 @@ def test_tokens_and_states_equal_plain_greedy(package, plain_runs, k: int, batch
     plain_state, plain_mask = run["state"], run["full_mask"]
     decoder = DecoderSession(package / "model.onnx")
     head = open_head(package)
-    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
+    tokens, stats = speculative_greedy(
+        decoder, head, ids, NEW_TOKENS, k, attention_mask=mask, adaptive=False
+    )
     assert np.array_equal(np.array(tokens), plain)
     assert stats.proposed > 0 and stats.rounds < NEW_TOKENS
     np.testing.assert_array_equal(decoder.mask, plain_mask)
@@ -134,30 +137,43 @@ WRONG = {
 }
 
 
+@pytest.mark.parametrize("windows", [True, False], ids=["windows", "re-run"])
 @pytest.mark.parametrize("wrong", list(WRONG))
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_accepted_drafts_leave_plain_states(
-    package, plain_runs, k: int, batch: int, wrong: str
+    package, plain_runs, k: int, batch: int, wrong: str, windows: bool
 ) -> None:
+    """Rejections at every position of a round leave plain decoding's states, cut back
+    from the verifying call's own windows (one decoder call a round), or, for a decoder
+    without windows, by the re-run from the snapshot."""
     run = plain_runs[batch]
     ids, mask, plain, hidden = run["ids"], run["mask"], run["tokens"], run["hidden"]
     plain_state = run["state"]
     decoder = DecoderSession(package / "model.onnx")
+    assert len(decoder.windows) == 4  # two Mamba layers, conv and SSM state each
+    if not windows:
+        decoder.windows = {}
     sequence = np.concatenate([ids, plain], axis=1)
     head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
 
-    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, attention_mask=mask)
+    tokens, stats = speculative_greedy(
+        decoder, head, ids, NEW_TOKENS, k, attention_mask=mask, adaptive=False
+    )
     assert np.array_equal(np.array(tokens), plain)
     assert not state_failures(decoder.past, plain_state)
+    cut_backs = stats.rewinds + stats.rollbacks
+    assert (stats.rollbacks if windows else stats.rewinds) == 0
+    # one decoder call per round (and the prefill), plus one per re-run
+    assert stats.decoder_calls == 1 + stats.rounds + stats.rollbacks
     if wrong == "never":
-        assert stats.accepted == stats.proposed > 0 and stats.rollbacks == 0
+        assert stats.accepted == stats.proposed > 0 and cut_backs == 0
         # every round but the last emits k + 1 tokens
         assert stats.rounds == -(-(NEW_TOKENS - 1) // (k + 1))
     elif wrong == "always":
-        assert stats.accepted == 0 and stats.rollbacks == stats.rounds - 1
+        assert stats.accepted == 0 and cut_backs == stats.rounds - 1
     else:
-        assert 0 < stats.accepted < stats.proposed and stats.rollbacks > 0
+        assert 0 < stats.accepted < stats.proposed and cut_backs > 0
     # the head kept only real entries: token t+1 and the decoder's hidden state at t
     for t, (token, state) in enumerate(head.entries):
         np.testing.assert_array_equal(token, sequence[:, t + 1])
@@ -174,6 +190,7 @@ def test_generate_cli_reports_drafts(package, capsys) -> None:
         captured = capsys.readouterr()
         assert captured.out == plain
         assert "drafts proposed" in captured.err and "accepted" in captured.err
+        assert "decoder calls" in captured.err and "K=0 x" in captured.err  # the first round
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +256,13 @@ def test_fewer_tokens_than_drafts(package, plain_runs, new_tokens: int) -> None:
     run = plain_runs[2]
     decoder = DecoderSession(package / "model.onnx")
     tokens, stats = speculative_greedy(
-        decoder, open_head(package), run["ids"], new_tokens, 4, attention_mask=run["mask"]
+        decoder,
+        open_head(package),
+        run["ids"],
+        new_tokens,
+        4,
+        attention_mask=run["mask"],
+        adaptive=False,
     )
     assert np.array_equal(np.array(tokens), run["tokens"][:, :new_tokens])
     # the first round drafts new_tokens - 2 (its own next token is the last one), per row
@@ -260,11 +283,14 @@ def test_stop_token_inside_an_accepted_round(package, plain_runs, k: int, wrong:
     plain_state, plain_mask = dict(decoder.past), decoder.mask
     assert plain[-1] == stop and len(plain) <= 21
     head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
-    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, stops={stop})
+    tokens, stats = speculative_greedy(
+        decoder, head, ids, NEW_TOKENS, k, stops={stop}, adaptive=False
+    )
     assert tokens[0] == plain
-    if wrong == "never":  # rounds emit k + 1 tokens after the first; one ending mid-round re-runs
+    if wrong == "never":  # rounds emit k + 1 tokens after the first; one ending mid-round is cut
         last = len(plain) - 1
-        assert stats.rollbacks == int(last > 0 and (last - 1) % (k + 1) != k)
+        assert stats.rewinds == int(last > 0 and (last - 1) % (k + 1) != k)
+        assert stats.rollbacks == 0
     np.testing.assert_array_equal(decoder.mask, plain_mask)
     assert not state_failures(decoder.past, plain_state)
 
@@ -278,3 +304,103 @@ def test_graphs_outside_the_head_contract_are_refused(package, headless_package)
         speculative_greedy(decoder, open_head(package), np.array([[5, 6]]), 4, 2)
     with pytest.raises(ConfigError, match="must be >= 1"):
         speculative_greedy(decoder, open_head(package), np.array([[5, 6]]), 4, 0)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_window_slots_are_each_positions_state(package, plain_runs, batch: int) -> None:
+    """A verifying call's present_window.* slot j is the Mamba state after its position j,
+    as stepping the same tokens one call each leaves it (FP32 gates); a one-token call and
+    a call longer than the window (the 9-token prompt) return no slot."""
+    run = plain_runs[batch]
+    decoder = DecoderSession(package / "model.onnx")
+    decoder.reset(batch)
+    out = decoder.step(run["ids"], run["mask"])
+    assert all(out[name].shape[0] == 0 for name in decoder.windows.values())
+    before = (dict(decoder.past), decoder.mask)
+    fed = run["tokens"][:, :5]
+    window = decoder.step(fed)
+    stepped = decoder
+    stepped.past, stepped.mask = dict(before[0]), before[1]
+    for j in range(fed.shape[1]):
+        one = stepped.step(fed[:, j : j + 1])
+        assert all(one[name].shape[0] == 0 for name in decoder.windows.values())
+        for past, name in decoder.windows.items():
+            assert window[name].shape[:2] == (5, batch)
+            c = compare(f"{name} slot {j}", window[name][j], stepped.past[past])
+            assert c.passes(FP32_NRMSE, FP32_COSINE), c
+
+
+class FixedCosts(DraftController):
+    """A controller fed fixed call costs instead of measured ones (deterministic K): a
+    decoder call over n positions costs 1 + 0.1 (n - 1), a head call 0.3."""
+
+    def observe_decoder(self, positions: int, seconds: float) -> None:
+        super().observe_decoder(positions, 1.0 + 0.1 * (positions - 1))
+
+    def observe_head(self, seconds: float) -> None:
+        super().observe_head(0.3)
+
+
+@pytest.mark.parametrize("wrong", ["never", "always", "every fifth"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_adaptive_k_keeps_plain_tokens_and_states(
+    package, plain_runs, batch: int, wrong: str
+) -> None:
+    """K changes between rounds (down to plain steps for a drafter that is always wrong,
+    k_max for one always right); tokens and states stay plain decoding's."""
+    run = plain_runs[batch]
+    ids, mask, plain = run["ids"], run["mask"], run["tokens"]
+    decoder = DecoderSession(package / "model.onnx")
+    sequence = np.concatenate([ids, plain], axis=1)
+    head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
+    control = FixedCosts(4)
+    tokens, stats = speculative_greedy(
+        decoder, head, ids, NEW_TOKENS, 4, attention_mask=mask, controller=control
+    )
+    assert np.array_equal(np.array(tokens), plain)
+    assert not state_failures(decoder.past, run["state"])
+    assert stats.rollbacks == 0 and set(stats.k_rounds) <= set(range(5))
+    assert stats.decoder_calls == 1 + stats.rounds
+    if wrong == "never":
+        # two plain steps (measuring D(1)), then k_max (the last rounds draft less only to
+        # end on time)
+        assert control.chosen == {0: 2, 4: stats.rounds - 2}
+    elif wrong == "always":
+        assert stats.k_rounds[0] > 0.7 * stats.rounds
+    else:
+        assert len(stats.k_rounds) > 1
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("kept", [1, 2, 3, 4])
+def test_keep_prefix_at_every_position(package, plain_runs, batch: int, kept: int) -> None:
+    """A verifying call of 5 tokens cut back to its first `kept` (a rejection at each draft
+    position of a K = 4 round) leaves the state of feeding only those tokens one call each:
+    every conv, SSM and attention array (FP32 gates) and the mask."""
+    run = plain_runs[batch]
+    decoder = DecoderSession(package / "model.onnx")
+    decoder.reset(batch)
+    decoder.step(run["ids"], run["mask"])
+    before = (dict(decoder.past), decoder.mask)
+    fed = run["tokens"][:, :5]
+    out = decoder.step(fed)
+    assert decoder.keep_prefix(out, 5, kept)
+    cut = (dict(decoder.past), decoder.mask)
+    decoder.past, decoder.mask = dict(before[0]), before[1]
+    for j in range(kept):
+        decoder.step(fed[:, j : j + 1])
+    np.testing.assert_array_equal(cut[1], decoder.mask)
+    assert not state_failures(cut[0], decoder.past)
+
+
+def test_keep_prefix_refuses_a_call_without_windows(package, plain_runs) -> None:
+    """A call longer than the window (9 positions) has no slots: keep_prefix says so and
+    changes nothing (the caller then re-runs)."""
+    run = plain_runs[1]
+    decoder = DecoderSession(package / "model.onnx")
+    decoder.reset(1)
+    out = decoder.step(run["ids"])
+    past, mask = dict(decoder.past), decoder.mask
+    assert not decoder.keep_prefix(out, run["ids"].shape[1], 3)
+    assert decoder.past.keys() == past.keys()
+    assert all(decoder.past[n] is past[n] for n in past) and decoder.mask is mask

@@ -15,7 +15,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
 from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES
-from mobius_lite.enums import Activations, Backend, GraphRole, Precision
+from mobius_lite.enums import Activations, Backend, DraftHead, GraphRole, Precision
 from mobius_lite.errors import ConfigError, RouteError
 from mobius_lite.formats.quantize.recipe import QuantizePlan, QuantType
 from mobius_lite.models.nemotron_h_fields import check_tensor_fields, stated_fields
@@ -24,6 +24,7 @@ from mobius_lite.models.nemotron_h_quant import choose_quantization
 from mobius_lite.package import ModelPackage
 from mobius_lite.routes import (
     check_activations,
+    check_draft_head,
     check_graph_kernels,
     check_route,
     check_weight_format,
@@ -124,6 +125,8 @@ def build(
     quantize_output: QuantType | str | None = None,
     quantize_block_size: int | None = None,
     quantize_asymmetric: bool = False,
+    draft_head: DraftHead | str = DraftHead.EXACT,
+    state_window_kernel: bool = False,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
     see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
@@ -135,7 +138,13 @@ def build(
     `dequantize` they become dense `dtype` weights. `config` is a config.json for the
     fields a GGUF file does not carry. `activations` ("exact", "exact-fused", "int8";
     enums.Activations) moves packed matmuls and experts onto onnxruntime's
-    fused CPU kernels (needs weights_backend "ort", f32, cpu). Nothing but config, tokenizer
+    fused CPU kernels (needs weights_backend "ort", f32, cpu). `draft_head` ("exact",
+    "fast"; enums.DraftHead) is the route of the MTP head, when the checkpoint has one: fast
+    puts its packed weights on int8-activation kernels (same needs; docs/speculative.md).
+    `state_window_kernel` takes the decoder's speculation windows from onnxruntime's
+    `state_window` attribute (weights_backend "ort", ep "cuda"; not yet run on a GPU here:
+    benchmarks/gpu_check.py checks it).
+    Nothing but config, tokenizer
     and tensor headers is read here; tensor data is streamed by ModelPackage.save. The
     resolved commit is recorded in metadata["source"].
     """
@@ -151,6 +160,12 @@ def build(
         raise RouteError(
             f"{plan.weights.type.value} weights keep their scales in f32 or f16 (MatMulNBits); "
             "build them with --dtype f32 or f16"
+        )
+    head_route = check_draft_head(draft_head, backend, precision, provider)
+    if state_window_kernel and (backend is not Backend.ORT or provider != "cuda"):
+        raise RouteError(
+            "the state_window kernels run on onnxruntime's CUDA provider only (its CPU kernels "
+            "refuse state_window > 0): build them with the ort backend for the cuda provider"
         )
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
     check_task(task, opened.raw_config.get("model_type"))
@@ -179,6 +194,8 @@ def build(
         activations=mode,
         binding_hint=opened.binding_hint,
         quantized=plan is not None,
+        draft_head=head_route,
+        state_window_kernel=state_window_kernel,
     )
     exported = package_graphs(model_type, parsed, source, options)
     check_graph_kernels((g.model for g in exported.graphs), provider)

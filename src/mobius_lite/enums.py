@@ -46,6 +46,11 @@ class StateRole(str, enum.Enum):
     def present_name(self, layer: int | str) -> str:
         return f"present.{layer}.{self.value}"
 
+    def window_name(self, layer: int | str) -> str:
+        """The decoder output holding this state after each position of a short call
+        (Mamba states of a speculative verifying call, components/state_window.py)."""
+        return f"present_window.{layer}.{self.value}"
+
 
 class GraphRole(str, enum.Enum):
     """One graph of a package; the value is its key in manifest.json and genai_config.json."""
@@ -93,6 +98,19 @@ class Activations(str, enum.Enum):
     def accuracy_level(self) -> int:
         """MatMulNBits' / QMoE's accuracy_level: 4 (int8 activations) or 0 (f32)."""
         return 4 if self is Activations.INT8 else 0
+
+
+class DraftHead(str, enum.Enum):
+    """How the MTP head (the speculative draft model) computes (`--draft-head`).
+
+    EXACT builds it on the decoder's routes. FAST computes its packed matmuls (MatMulNBits,
+    the lm_head among them) with int8 activations (accuracy_level 4), on the same stored
+    weights: drafts are cheaper and may differ, which changes how many are accepted, never
+    the tokens (the decoder verifies every one).
+    """
+
+    EXACT = "exact"
+    FAST = "fast"
 
 
 class Task(str, enum.Enum):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.enums import Activations, Backend, DraftHead, Precision
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import Cast
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
@@ -143,6 +143,32 @@ def check_activations(
             + f"; in Python: activations={mode.value!r} needs {', '.join(keywords)}"
         )
     return mode
+
+
+def check_draft_head(
+    value: DraftHead | str, backend: Backend, precision: Precision, provider: str
+) -> DraftHead:
+    """The MTP head's route, exact or fast: a fast head computes on onnxruntime's CPU
+    int8-activation kernels (com.microsoft MatMulNBits / QMoE, f32 activations in and out)."""
+    try:
+        route = value if isinstance(value, DraftHead) else DraftHead(str(value).lower())
+    except ValueError:
+        raise RouteError(
+            f"draft head {value!r} is not supported; choose one of "
+            f"{', '.join(d.value for d in DraftHead)}"
+        ) from None
+    if route is DraftHead.EXACT:
+        return route
+    needs = []
+    if backend is not Backend.ORT:
+        needs.append("the ort backend (its int8 kernels are onnxruntime's com.microsoft ops)")
+    if precision is not Precision.F32:
+        needs.append(f"f32 (got {precision.value})")
+    if provider != "cpu":
+        needs.append(f"the cpu execution provider (got {provider})")
+    if needs:
+        raise RouteError("a fast draft head needs " + " and ".join(needs))
+    return route
 
 
 def check_weight_format(raw_config: Mapping[str, Any], kind: SourceKind = SAFETENSORS_KIND) -> None:

@@ -27,6 +27,8 @@ PROVIDERS = {"cpu": [CPU], "cuda": ["CUDAExecutionProvider", CPU]}
 LOGITS_TO_KEEP = "logits_to_keep"  # graphs/decoder.py's optional input (the I/O contract)
 PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."
+# A Mamba state after each position of a short call (graphs/decoder.py speculation_window).
+WINDOW_PREFIX = "present_window."
 # onnxruntime's type strings for the element types a package's inputs use.
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -273,6 +275,7 @@ class CachedSession:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.past: dict[str, np.ndarray] = {}
         self.mask: np.ndarray | None = None
+        self.call_start = 0  # positions the cache held before the last call
 
     def reset(self, batch: int) -> None:
         """Start a fresh sequence (empty caches)."""
@@ -299,6 +302,14 @@ class DecoderSession(CachedSession):
         logits = next((o for o in self.session.get_outputs() if o.name == "logits"), None)
         last = logits.shape[-1] if logits is not None and logits.shape else None
         self.vocab_size: int | None = last if isinstance(last, int) else None
+        # Per cache input, the output holding its state after each position of a short call
+        # (packages built with a speculation window; Mamba states only).
+        outputs = set(self.output_names)
+        self.windows = {
+            c.past_name: WINDOW_PREFIX + c.past_name[len(PAST_PREFIX) :]
+            for c in self.cache
+            if WINDOW_PREFIX + c.past_name[len(PAST_PREFIX) :] in outputs
+        }
         # Packages exported before the input existed have no logits_to_keep.
         self.keeps_logits = LOGITS_TO_KEEP in self.inputs or LOGITS_TO_KEEP in {
             i.name for i in self.session.get_overridable_initializers()
@@ -340,6 +351,7 @@ class DecoderSession(CachedSession):
             else np.asarray(attention_mask, dtype=np.int64)
         )
         assert self.mask is not None
+        self.call_start = self.mask.shape[1]  # positions before this call (keep_prefix)
         self.mask = np.concatenate([self.mask, new_mask], axis=1)
         feeds = {name: tokens, "attention_mask": self.mask, **self.past}
         if logits_to_keep and self.keeps_logits:
@@ -347,6 +359,29 @@ class DecoderSession(CachedSession):
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results
+
+    def keep_prefix(self, out: dict[str, np.ndarray], fed: int, kept: int) -> bool:
+        """After the last call, over `fed` positions, which returned `out`: keep the state
+        after its first `kept` positions only, as if only those had been fed (also after an
+        earlier keep_prefix of the same call). Mamba states come from the call's windows
+        (slot kept - 1), attention K/V and the mask are cut on their sequence axis. Returns
+        False, changing nothing, when the call cannot give it (a decoder without windows,
+        or a call of more positions than its window); the caller then restores its own
+        snapshot and re-runs the kept positions."""
+        total = self.call_start + kept
+        kept_past = {}
+        for c in self.cache:
+            window = out.get(self.windows.get(c.past_name, ""))
+            if window is not None and window.shape[0] == fed:
+                kept_past[c.past_name] = np.ascontiguousarray(window[kept - 1])
+            elif c.past_name in self.windows or len(c.shape) != 4 or isinstance(c.shape[2], int):
+                return False  # a state with no usable window and no sequence axis to cut
+            else:  # attention K/V: [batch, kv_heads, past + fed, head_dim]
+                kept_past[c.past_name] = self.past[c.past_name][:, :, :total]
+        assert self.mask is not None
+        self.past = kept_past
+        self.mask = self.mask[:, :total]
+        return True
 
 
 def check_token_ids(ids: np.ndarray, vocab_size: int | None) -> None:

@@ -173,6 +173,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "int8 with int4 as onnxruntime-genai's last_matmul:int8)",
     )
     p.add_argument(
+        "--draft-head",
+        default="exact",
+        choices=["exact", "fast"],
+        help="the MTP head's route (checkpoints with one): fast = its packed weights on the "
+        "int8-activation kernels (--backend ort, f32, cpu): cheaper drafts, the same tokens "
+        "(docs/speculative.md) (default: %(default)s)",
+    )
+    p.add_argument(
         "--dequantize",
         action="store_true",
         help="store packed weights as dense --dtype weights instead (never done unless asked)",
@@ -222,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             quantize_output=args.quantize_output,
             quantize_block_size=args.quantize_block_size,
             quantize_asymmetric=args.quantize_asymmetric,
+            draft_head=args.draft_head,
         )
     for warning in said:  # the build's own warnings, one line each (e.g. an absent MTP head)
         if issubclass(warning.category, BuildWarning):

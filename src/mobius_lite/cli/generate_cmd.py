@@ -90,8 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="draft K tokens a round with the package's MTP head (mtp.onnx) and verify them in "
-        "one decoder call; the tokens are the same as without it (default: off)",
+        help="draft up to K tokens a round with the package's MTP head (mtp.onnx) and verify "
+        "them in one decoder call; K adapts to the measured acceptance and costs, down to "
+        "plain decoding. The tokens are the same as without it (default: off)",
     )
     p.set_defaults(run=run)
 
@@ -269,9 +270,13 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
 
 
 def _report(stats) -> None:
-    """The draft counts of --speculative, on stderr (stdout holds only the continuation)."""
+    """What --speculative did, on stderr (stdout holds only the continuation): drafts and
+    acceptance, the K each round used (0: a plain step), and the calls made."""
+    used = ", ".join(f"K={k} x{n}" for k, n in sorted(stats.k_rounds.items()))
     print(
         f"speculative: {stats.proposed} drafts proposed, {stats.accepted} accepted "
-        f"({100 * stats.acceptance_rate:.1f}%) in {stats.rounds} verifying calls",
+        f"({100 * stats.acceptance_rate:.1f}%) in {stats.rounds} rounds ({used}); "
+        f"{stats.decoder_calls} decoder calls ({stats.rewinds} rounds cut back from the "
+        f"verifying call, {stats.rollbacks} re-runs), {stats.head_calls} head calls",
         file=sys.stderr,
     )

@@ -30,6 +30,11 @@ class BuildContext:
     # Mamba's A as the source stores it: "A_log" (transformers) or "A" (= -exp(A_log), GGUF).
     mamba_a: str = "A_log"
     activations: Activations = Activations.EXACT
+    # > 0: Mamba mixers also return per-position states of calls of up to this many
+    # positions (components/state_window.py; the speculative verifying call)
+    speculation_window: int = 0
+    # the windows from onnxruntime's state_window attribute (CUDA only) instead of the scan
+    window_kernel: bool = False
     # build-time lines already said (each route notice once per build)
     notices: set[str] = field(default_factory=set, compare=False)
 

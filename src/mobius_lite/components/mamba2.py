@@ -21,8 +21,16 @@ from mobius_lite.components.common import FLOAT, Dims, cast_to, to_float32
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
+from mobius_lite.components.state_window import (
+    conv_window,
+    kernel_past,
+    kernel_presents,
+    ssm_window,
+    windowed,
+)
 from mobius_lite.configs.layers import MambaSpec
 from mobius_lite.enums import Backend
+from mobius_lite.errors import ConfigError
 from mobius_lite.formats.contrib import contrib_op, typed
 
 
@@ -38,11 +46,14 @@ class Conv1d(nn.Module):
         self.bias = nn.Parameter([channels], dtype=dtype) if bias else None
 
     def forward(
-        self, op: OpBuilder, x: ir.Value, past_state: ir.Value
+        self, op: OpBuilder, x: ir.Value, past_state: ir.Value, state_window: int = 0
     ) -> tuple[ir.Value, ir.Value]:
-        """x: [batch, channels, time] FP32 -> (silu(conv(x)), last kernel-1 inputs); all FP32."""
+        """x: [batch, channels, time] FP32 -> (silu(conv(x)), last kernel-1 inputs); all FP32.
+        state_window > 0 (contrib op only): the states carry a leading window axis."""
         bias = to_float32(op, self.bias) if self.bias is not None else None
         domain = contrib_op(op) if self.contrib else {}
+        if state_window:
+            domain = {**domain, "state_window": state_window}
         out, state = op.CausalConvWithState(
             x,
             to_float32(op, self.weight),
@@ -76,6 +87,14 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter([s.num_heads], dtype=dtype)
         self.norm = GatedGroupRMSNorm(s.intermediate_size, s.n_groups, s.norm_epsilon, ctx)
         self.out_proj = Linear(s.intermediate_size, hidden_size, s.use_bias, ctx)
+        # > 0: also return the per-position states of calls of 2..window positions
+        self.window = ctx.speculation_window
+        # the windows from onnxruntime's state_window attribute (CUDA; components/state_window)
+        self.kernel = ctx.speculation_window if ctx.window_kernel else 0
+        if self.kernel and not self.contrib:
+            raise ConfigError(
+                "the state_window kernels are onnxruntime's: they need the ort backend"
+            )
 
     @property
     def ssm_cache_dtype(self) -> ir.DataType:
@@ -102,10 +121,12 @@ class Mamba2Mixer(nn.Module):
         token_mask: ir.Value,
         past_conv: ir.Value,
         past_ssm: ir.Value,
-    ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    ) -> tuple[ir.Value, ...]:
         """x: [rows, hidden]; token_mask: [rows, 1] (1 real token, 0 padding) in FP32.
 
-        Returns (output [rows, hidden], present conv_state, present recurrent_state).
+        Returns (output [rows, hidden], present conv_state, present recurrent_state), and
+        with a speculation window also the conv and recurrent state windows
+        (components/state_window.py).
         """
         s = self.spec
         heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
@@ -124,8 +145,7 @@ class Mamba2Mixer(nn.Module):
         xbc_channels_first = op.Transpose(
             op.Reshape(to_float32(op, xbc), dims.shape(op, s.conv_dim)), perm=[0, 2, 1]
         )
-        conv_out, conv_state = self.conv1d(op, xbc_channels_first, to_float32(op, past_conv))
-        present_conv = cast_to(op, conv_state, past_conv.dtype)
+        conv_out, present_conv, conv_slots = self._conv(op, dims, xbc_channels_first, past_conv)
         conv_rows = op.Reshape(
             op.Transpose(conv_out, perm=[0, 2, 1]), op.Constant(value_ints=[-1, s.conv_dim])
         )
@@ -156,21 +176,7 @@ class Mamba2Mixer(nn.Module):
         value = op.Reshape(hidden, dims.shape(op, heads * head_dim))
         decay = op.Reshape(op.Mul(dt, a), dims.shape(op, heads))
 
-        y, present_ssm = op.LinearAttention(
-            query,
-            key,
-            value,
-            to_float32(op, past_ssm),
-            decay,
-            update_rule="gated",
-            q_num_heads=heads,
-            kv_num_heads=heads,
-            scale=1.0,
-            _outputs=2,
-            **(contrib_op(op) if self.contrib else {}),
-        )
-        y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
-        present_ssm = cast_to(op, present_ssm, past_ssm.dtype)
+        y, present_ssm, ssm_slots = self._recurrence(op, dims, query, key, value, decay, past_ssm)
 
         # D skip connection, per head, in FP32.
         y = op.Reshape(y, op.Constant(value_ints=[-1, heads, head_dim]))
@@ -182,4 +188,87 @@ class Mamba2Mixer(nn.Module):
 
         normed = self.norm(op, y, gate)
         out = self.out_proj(op, cast_to(op, normed, self.dtype))
-        return out, present_conv, present_ssm
+        if not self.window:
+            return out, present_conv, present_ssm
+        if self.kernel:
+            slots = [
+                cast_to(op, conv_slots, past_conv.dtype),
+                cast_to(op, ssm_slots, past_ssm.dtype),
+            ]
+            return out, present_conv, present_ssm, *slots
+        windows = self._windows(
+            op, dims, past_conv, past_ssm, xbc_channels_first, key, value, decay
+        )
+        return out, present_conv, present_ssm, *windows
+
+    def _conv(
+        self, op: OpBuilder, dims: Dims, x: ir.Value, past_conv: ir.Value
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """The causal conv of x [B, conv_dim, T] FP32: (its output FP32, the present conv
+        state in the cache dtype, its window from the state_window kernel or None)."""
+        past = kernel_past(op, to_float32(op, past_conv), self.kernel)
+        out, state = self.conv1d(op, x, past, self.kernel)
+        state, slots = kernel_presents(op, state, dims.sequence, self.kernel)
+        return out, cast_to(op, state, past_conv.dtype), slots
+
+    def _recurrence(
+        self,
+        op: OpBuilder,
+        dims: Dims,
+        query: ir.Value,
+        key: ir.Value,
+        value: ir.Value,
+        decay: ir.Value,
+        past_ssm: ir.Value,
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        """The SSD recurrence on LinearAttention ("gated"): (y FP32, present SSM state in the
+        cache dtype, its window from the state_window kernel or None)."""
+        heads = self.spec.num_heads
+        y, present_ssm = op.LinearAttention(
+            query,
+            key,
+            value,
+            kernel_past(op, to_float32(op, past_ssm), self.kernel),
+            decay,
+            update_rule="gated",
+            q_num_heads=heads,
+            kv_num_heads=heads,
+            scale=1.0,
+            _outputs=2,
+            **(contrib_op(op) if self.contrib else {}),
+            **({"state_window": self.kernel} if self.kernel else {}),
+        )
+        y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
+        present_ssm, slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
+        return y, cast_to(op, present_ssm, past_ssm.dtype), slots
+
+    def _windows(
+        self,
+        op: OpBuilder,
+        dims: Dims,
+        past_conv: ir.Value,
+        past_ssm: ir.Value,
+        conv_input: ir.Value,
+        key: ir.Value,
+        value: ir.Value,
+        decay: ir.Value,
+    ) -> list[ir.Value]:
+        """The conv and SSM state windows of a short call on standard ops
+        (components/state_window.py): conv_input [B, conv_dim, T] FP32, and the SSD
+        recurrence's key, value and decay."""
+        s = self.spec
+        heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
+        past_conv_f32, past_ssm_f32 = to_float32(op, past_conv), to_float32(op, past_ssm)
+        return windowed(
+            op,
+            dims.sequence,
+            self.window,
+            [
+                ("conv_window", past_conv.dtype, (s.conv_dim, s.conv_kernel - 1)),
+                ("ssm_window", past_ssm.dtype, (heads, state, head_dim)),
+            ],
+            lambda op: [
+                conv_window(op, past_conv_f32, conv_input, s.conv_kernel),
+                ssm_window(op, past_ssm_f32, key, value, decay, heads, state, head_dim),
+            ],
+        )

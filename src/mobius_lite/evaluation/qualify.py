@@ -66,7 +66,7 @@ from mobius_lite.evaluation.validity import (
 )
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
-from mobius_lite.runtime import DecoderSession, greedy, session_providers
+from mobius_lite.runtime import WINDOW_PREFIX, DecoderSession, greedy, session_providers
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references
 from mobius_lite.weights.manifest import read_manifest
@@ -226,7 +226,8 @@ def _package_runs(
     del session, stepper
     for step, out in zip(names, plain, strict=True):
         for name, value in out.items():
-            arrays[f"{step}/{name}"] = value
+            if not name.startswith(WINDOW_PREFIX):  # a runtime aid with no reference array
+                arrays[f"{step}/{name}"] = value
 
     taps: Instrumentation = instrument(model_path, config)
     for reason in taps.missing:
@@ -248,6 +249,8 @@ def _package_runs(
         for step, out in zip(names, tapped, strict=True):
             for name, value in out.items():
                 key = f"{step}/{name}"
+                if name.startswith(WINDOW_PREFIX):
+                    continue
                 if name in taps.taps:
                     arrays[key] = value
                 elif not (

@@ -19,7 +19,7 @@ import numpy as np
 
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation import scoring
-from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
+from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, NOT_RUN, PASS, Verdict
 
 HEAD_PREFIX = "mtp/"
 SPECULATIVE_K = 2  # drafts a round in the acceptance run
@@ -82,6 +82,7 @@ def run_heads(
     reference: dict[str, np.ndarray] = {}
     try:
         head = MtpHead(package_dir / GraphRole.MTP.file_name, providers)
+        facts["int8_activation_kernels"] = _int8_kernels(package_dir / GraphRole.MTP.file_name)
         head.reset(1)
         for step, (ids, hidden) in zip(steps, feeds, strict=True):
             logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
@@ -122,7 +123,7 @@ def _text_speculation(package_dir: Path, prompt: list[int], providers: list[str]
     def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
         decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
         drafted, stats = speculative_greedy(
-            decoder, head, np.array([prompt], np.int64), new_tokens, k
+            decoder, head, np.array([prompt], np.int64), new_tokens, k, adaptive=False
         )
         return drafted[0], stats
 
@@ -152,6 +153,7 @@ def omni_heads(
             k,
             prompt_input=prepared.inputs_embeds,
             decoder_input=session.embed,
+            adaptive=False,
         )
         return drafted[0], stats
 
@@ -185,6 +187,16 @@ def score_head(
         f"acceptance {speculative['accepted']}/{speculative['proposed']} drafts "
         f"(K={speculative['k']}, {speculative['new_tokens']} tokens)"
     )
+    fast = facts.get("int8_activation_kernels", 0)
+    if parity.status != PASS and fast and identical:
+        # a fast draft head (--draft-head fast) computes with int8 activations: the FP32
+        # gates do not apply; as for --activations int8, the figures are reported, not gated
+        return Verdict(
+            NOT_GATED,
+            f"head arrays not gated: {fast} kernels compute with int8 activations (a fast "
+            f"draft head); measured: {parity.summary}; speculative tokens identical; {rate}",
+            {**evidence, "gated_status": parity.status},
+        )
     if parity.status != PASS:
         return Verdict(parity.status, f"head arrays: {parity.summary}; {rate}", evidence)
     if not identical:
@@ -197,3 +209,12 @@ def score_head(
     return Verdict(
         PASS, f"head arrays: {parity.summary}; speculative tokens identical; {rate}", evidence
     )
+
+
+def _int8_kernels(head_file: Path) -> int:
+    """Nodes of the head graph that compute with int8 activations (a fast draft head)."""
+    import onnx
+
+    from mobius_lite.evaluation.validity import int8_activation_kernels
+
+    return int8_activation_kernels(onnx.load(str(head_file), load_external_data=False).graph)

@@ -37,6 +37,21 @@ class CacheTensor:
         return self.role.present_name(self.layer)
 
     @property
+    def window_name(self) -> str:
+        return self.role.window_name(self.layer)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether a speculation window can hold this state per position (Mamba states;
+        attention K/V are cut back on their sequence axis instead)."""
+        return self.role in (StateRole.CONV, StateRole.RECURRENT)
+
+    @property
+    def window_shape(self) -> tuple[int | str, ...]:
+        """[window, batch, ...]: the state after each position of a short call."""
+        return ("window", *self.past_shape)
+
+    @property
     def present_shape(self) -> tuple[int | str, ...]:
         if self.role in (StateRole.KEY, StateRole.VALUE):
             return (BATCH, self.past_shape[1], "total_sequence", self.past_shape[3])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx_ir as ir
 from onnxscript import GraphBuilder
@@ -9,7 +11,7 @@ from onnxscript import GraphBuilder
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
-from mobius_lite.graphs.cache import BATCH, cache_tensors
+from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
 
 LOGITS_TO_KEEP = "logits_to_keep"
@@ -34,6 +36,8 @@ def build_decoder(
     hidden_state_outputs: bool = False,
     final_hidden_output: bool = False,
     logits_from_embeddings: bool = False,
+    speculation_window: int = 0,
+    window_kernel: bool = False,
 ) -> tuple[ir.Model, NemotronHForCausalLM]:
     """Build the decoder graph (weights not yet bound: initializers have no data).
 
@@ -47,9 +51,17 @@ def build_decoder(
     `hidden_states` [batch, sequence, hidden] (after the final norm, every position), which
     the MTP head reads (packages with a head). logits_from_embeddings: the logits weight is
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
-    source).
+    source). speculation_window W > 0 adds, per Mamba state, the output
+    present_window.{layer}.{role} [window, batch, ...]: the state after each position of a
+    call of 2..W positions, no slot otherwise (components/state_window.py), so a speculative
+    runtime continues from an accepted prefix without a second call. window_kernel: take the
+    windows from onnxruntime's `state_window` attribute (ort backend, CUDA kernels only).
     """
     ctx = ctx or BuildContext.dense()
+    if speculation_window:
+        ctx = dataclasses.replace(
+            ctx, speculation_window=speculation_window, window_kernel=window_kernel
+        )
     dtype = ctx.dtype
     module = NemotronHForCausalLM(config, ctx, logits_from_embeddings)
     apply_weight_formats(module, ctx)
@@ -71,27 +83,15 @@ def build_decoder(
     logits.name = "logits"
     logits.type = ir.TensorType(ir.DataType.FLOAT)
     logits.shape = ir.Shape([BATCH, "logits_sequence", config.vocab_size])
-    outputs = [logits]
-    for c in cache:
-        value = presents[c.present_name]
-        if value.producer() is None or value in outputs or value.is_graph_input():
-            value = builder.op.Identity(value)
-        value.name = c.present_name
-        value.type = ir.TensorType(c.dtype)
-        value.shape = ir.Shape(list(c.present_shape))
-        outputs.append(value)
+    outputs = [logits, *cache_outputs(builder, presents, cache, [logits])]
+    if speculation_window:
+        outputs += [
+            name_output(presents[c.window_name], c.window_name, c.dtype, c.window_shape)
+            for c in cache
+            if c.windowed
+        ]
     if final_hidden_output:
-        per_sequence = builder.op.Reshape(
-            final,
-            builder.op.Concat(
-                builder.op.Slice(builder.op.Shape(tokens), [0], [2]),
-                builder.op.Constant(value_ints=[config.hidden_size]),
-                axis=0,
-            ),
-        )
-        outputs.append(
-            name_output(per_sequence, HIDDEN_STATES, dtype, (BATCH, "sequence", config.hidden_size))
-        )
+        outputs.append(final_hidden(builder, final, tokens, config.hidden_size, dtype))
     if hidden_state_outputs:
         for i, hidden in enumerate(layer_outputs):
             exposed = builder.op.Identity(hidden)
@@ -101,3 +101,34 @@ def build_decoder(
             outputs.append(exposed)
     graph.outputs.extend(outputs)
     return to_model(graph), module
+
+
+def cache_outputs(
+    builder: GraphBuilder,
+    presents: dict[str, ir.Value],
+    cache: list[CacheTensor],
+    taken: list[ir.Value],
+) -> list[ir.Value]:
+    """The present.* outputs in cache order, named and typed; a value that is not a node's
+    own output (a graph input, or one already an output) goes through an Identity."""
+    outputs: list[ir.Value] = []
+    for c in cache:
+        value = presents[c.present_name]
+        if value.producer() is None or value in taken or value in outputs or value.is_graph_input():
+            value = builder.op.Identity(value)
+        value.name = c.present_name
+        value.type = ir.TensorType(c.dtype)
+        value.shape = ir.Shape(list(c.present_shape))
+        outputs.append(value)
+    return outputs
+
+
+def final_hidden(
+    builder: GraphBuilder, final: ir.Value, tokens: ir.Value, width: int, dtype: ir.DataType
+) -> ir.Value:
+    """The `hidden_states` output: the final-normed rows [rows, width] as [batch, sequence,
+    width] (the MTP head's input)."""
+    op = builder.op
+    shape = op.Concat(op.Slice(op.Shape(tokens), [0], [2]), op.Constant(value_ints=[width]), axis=0)
+    per_sequence = op.Reshape(final, shape)
+    return name_output(per_sequence, HIDDEN_STATES, dtype, (BATCH, "sequence", width))

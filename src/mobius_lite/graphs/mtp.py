@@ -8,6 +8,8 @@ from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
+from mobius_lite.enums import DraftHead
+from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, mtp_cache_tensors
 from mobius_lite.graphs.decoder import HIDDEN_STATES
@@ -59,3 +61,35 @@ def build_mtp(
     outputs.append(name_output(per_sequence, MTP_HIDDEN_STATES, dtype, (BATCH, "sequence", hidden)))
     graph.outputs.extend(outputs)
     return to_model(graph), module
+
+
+# onnxruntime's block-wise matmul whose accuracy_level 4 quantizes activations to int8
+INT8_MATMUL = "MatMulNBits"
+INT8_ACCURACY_LEVEL = 4
+
+
+def make_fast_head(graph: ir.Graph) -> int:
+    """Put the head's packed matmuls (MatMulNBits, subgraphs included) on int8 activations
+    (accuracy_level 4), a fast draft head (enums.DraftHead.FAST): the same initializers, so
+    the lm_head the decoder shares stays stored once. Returns how many nodes moved."""
+    moved = 0
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                moved += make_fast_head(attr.value)
+        if node.op_type == INT8_MATMUL:
+            node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", INT8_ACCURACY_LEVEL)
+            moved += 1
+    return moved
+
+
+def apply_draft_head(model: ir.Model, route: DraftHead) -> None:
+    """The head on its route: unchanged when exact; for a fast head its packed matmuls on
+    int8 activations, or a ConfigError (raised before any weight is read) when it has none
+    (dense weights have no int8 route in this version)."""
+    if route is DraftHead.FAST and not make_fast_head(model.graph):
+        raise ConfigError(
+            "a fast draft head needs packed head weights on the ort backend (a GGUF Q8_0 or "
+            "Q4_0 source): this checkpoint's head weights are dense, and dense weights have "
+            "no int8-activation route in this version; build the exact head"
+        )

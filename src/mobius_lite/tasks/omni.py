@@ -23,7 +23,7 @@ from mobius_lite.enums import GraphRole, Task
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
-from mobius_lite.graphs.mtp import build_mtp
+from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
@@ -100,6 +100,8 @@ def omni_graphs(
         inputs_embeds=True,
         final_hidden_output=head,
         logits_from_embeddings=tied,
+        speculation_window=options.speculation_window(head),
+        window_kernel=options.state_window_kernel,
     )
     media = {IMAGE_FEATURES: config.image_token_id}
     if config.has_audio:
@@ -137,5 +139,6 @@ def omni_graphs(
     if head:
         # the draft head embeds its own input ids with the text table (text tokens only)
         mtp, _ = build_mtp(text, text_ctx, logits_from_embeddings=tied)
+        apply_draft_head(mtp, options.draft_head)
         graphs.append(_bind(GraphRole.MTP, mtp, source, names, rules, options.binding_hint))
     return TaskGraphs(text, graphs, shared_sources(graphs), config.raw)

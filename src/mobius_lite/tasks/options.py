@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mobius_lite.components.context import BuildContext
+from mobius_lite.components.state_window import DEFAULT_WINDOW
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Activations, Backend, Precision
+from mobius_lite.enums import Activations, Backend, DraftHead, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
 from mobius_lite.models.quantized_names import QuantizedNames
 from mobius_lite.package import GraphRecord
@@ -33,6 +34,19 @@ class ExportOptions:
     activations: Activations = Activations.EXACT  # the CPU kernel mode (--activations)
     binding_hint: str = CONFIG_JSON_HINT  # the last sentence of a binding error
     quantized: bool = False  # the source quantizes tensors at export (sources/quantized.py)
+    # per-position Mamba states of short calls (components/state_window.py): None gives
+    # packages with an MTP head the default window and others none; 0 turns it off
+    state_window: int | None = None
+    draft_head: DraftHead = DraftHead.EXACT  # the MTP head's route (--draft-head)
+    # the decoder's windows from onnxruntime's state_window attribute (ort backend, CUDA)
+    state_window_kernel: bool = False
+
+    def speculation_window(self, head: bool) -> int:
+        """The decoder's speculation window: the options' own, or the default when the
+        package has a head to draft with (0 without one)."""
+        if self.state_window is not None:
+            return self.state_window
+        return DEFAULT_WINDOW if head else 0
 
     def names(self, base: NameMap) -> NameMap:
         """The name map graphs bind through: the source's own, plus the re-layout parts of

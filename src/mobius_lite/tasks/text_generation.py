@@ -6,7 +6,7 @@ from __future__ import annotations
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole, Task
 from mobius_lite.graphs.decoder import build_decoder
-from mobius_lite.graphs.mtp import build_mtp
+from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
     check_head_depths,
@@ -53,10 +53,18 @@ def text_generation_graphs(
         **layout.unused,
         **options.unused_rules,
     }
-    decoder, _ = build_decoder(config, ctx, final_hidden_output=head, logits_from_embeddings=tied)
+    decoder, _ = build_decoder(
+        config,
+        ctx,
+        final_hidden_output=head,
+        logits_from_embeddings=tied,
+        speculation_window=options.speculation_window(head),
+        window_kernel=options.state_window_kernel,
+    )
     models = [(GraphRole.DECODER, decoder)]
     if head:
         mtp, _ = build_mtp(config, ctx, logits_from_embeddings=tied)
+        apply_draft_head(mtp, options.draft_head)
         models.append((GraphRole.MTP, mtp))
     plans = [
         plan_bindings(
