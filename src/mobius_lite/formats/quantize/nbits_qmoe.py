@@ -78,7 +78,9 @@ class NBitsQMoE:
             )
         return out
 
-    def operands(self, params: dict[str, ir.Value]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    def operands(
+        self, op: OpBuilder, params: dict[str, ir.Value]
+    ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         return (
             params[part_suffix(self.kind, "b")],
             params[part_suffix(self.kind, "scales")],
