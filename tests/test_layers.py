@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "routes",
     ),
     ("tasks",),
-    ("build",),
+    ("build", "demo"),
     ("evaluation",),
     ("cli",),
 ]

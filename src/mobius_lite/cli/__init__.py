@@ -11,4 +11,5 @@ COMMANDS: dict[str, str] = {
     "verify": "check that a package's weights are exactly its source checkpoint's",
     "qualify": "check a package against its source checkpoint: four separate verdicts",
     "generate": "greedy generation from a package (text, or Omni with images and audio)",
+    "demo": "write a small random checkpoint (text, moe, puzzle, mtp, omni, gguf) to try",
 }
