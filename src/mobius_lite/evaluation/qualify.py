@@ -365,7 +365,15 @@ def qualify(
 
         say("running the MTP head and the reference head, then speculative decoding")
         head_facts, head_ours, head_reference = run_heads(
-            package_dir, source_dir, ids, facts["tokens"], ours, names, providers
+            package_dir,
+            source_dir,
+            ids,
+            facts["tokens"],
+            ours,
+            names,
+            providers,
+            kind=kind,
+            source_raw=source_raw,
         )
         ours.update(head_ours)
         reference.update(head_reference)
