@@ -64,6 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "directory, printed at the end)",
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier qualify output at --output (a directory with report.json) "
+        "when the run ends; without it a non-empty --output is refused",
+    )
+    p.add_argument(
         "--ep",
         default="cpu",
         choices=EXECUTION_PROVIDERS,
@@ -86,8 +92,11 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.evaluation.qualify_report import format_table
 
     if args.rescore:
-        if args.package or args.source:
-            raise ConfigError("--rescore DIR works offline: give no PACKAGE or --source with it")
+        if args.package or args.source or args.overwrite:
+            raise ConfigError(
+                "--rescore DIR works offline on a saved output: give no PACKAGE, --source or "
+                "--overwrite with it"
+            )
         report = rescore(args.rescore)
     else:
         if not args.package:
@@ -105,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             output=args.output,
             ep=args.ep,
             quiet=args.quiet,
+            overwrite=args.overwrite,
         )
     print(format_table(report))
     return report.exit_code

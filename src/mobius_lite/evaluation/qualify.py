@@ -35,6 +35,7 @@ from mobius_lite.evaluation.instrument import (
     external_data_session_options,
     instrument,
 )
+from mobius_lite.evaluation.qualify_output import is_used, replacing
 from mobius_lite.evaluation.qualify_report import (
     ARRAYS_FILE,
     REPORT_FILE,
@@ -310,12 +311,28 @@ def qualify(
     output: str | Path | None = None,
     ep: str = "cpu",
     quiet: bool = True,
+    overwrite: bool = False,
 ) -> QualifyReport:
     """Qualify `package` against `source`, the checkpoint directory or .gguf file it was built
     from (GGUF and ModelOpt weights are decoded to FP32 for the reference); write report.json
     + arrays.npz into `output` (default: a new temporary directory, report.directory says
-    which). `ep` picks the onnxruntime execution provider; unless `quiet`, each long step is
-    announced on stderr."""
+    which; `overwrite`: an earlier qualify output there is replaced when the run ends). `ep`
+    picks the onnxruntime execution provider; unless `quiet`, each long step is announced
+    on stderr."""
+    if overwrite and output is not None and is_used(Path(output)):
+        with replacing(Path(output)) as staging:
+            report = qualify(
+                package,
+                source,
+                prompt_ids=prompt_ids,
+                prompt=prompt,
+                steps=steps,
+                output=staging,
+                ep=ep,
+                quiet=quiet,
+            )
+        report.directory = Path(output)
+        return report
     package_dir = Path(package)
     source_dir = Path(source)
     if not (package_dir / DECODER_FILE).is_file():
@@ -326,7 +343,10 @@ def qualify(
     out_dir = Path(output) if output is not None else None  # created once inputs are good
     providers = session_providers(ep)
     if output is not None and out_dir.exists() and any(out_dir.iterdir()):
-        raise PackageError(f"{out_dir} exists and is not empty; choose another --output")
+        raise PackageError(
+            f"{out_dir} exists and is not empty; choose another output directory, or allow "
+            "replacing an earlier qualify output (--overwrite)"
+        )
     raw = read_config_json(package_dir)
     if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:  # media graphs: their own runs
         return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
