@@ -12,7 +12,9 @@ import importlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 
 from mobius_lite.cli import COMMANDS
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser(_chosen_command(argv))  # "" (no command named): one-line entries
     args = parser.parse_args(argv)
     where = f"mobius {args.command}"
+    started = time.time()
     try:
         with _signals_interrupt():
             code = int(args.run(args) or 0)
@@ -136,12 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
     except MobiusError as exc:
         print(f"{where}: error: {exc}", file=sys.stderr)
-    except Interrupted as exc:
-        print(
-            f"{where}: interrupted by {exc.signal_name}; {_after_interrupt(args)}", file=sys.stderr
-        )
-    except KeyboardInterrupt:
-        print(f"{where}: interrupted; {_after_interrupt(args)}", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Interrupted (SIGINT, SIGTERM) or Ctrl-C
+        name = f" by {exc.signal_name}" if isinstance(exc, Interrupted) else ""
+        if _published_since(args, started):  # the signal came after the package was complete
+            print(f"{where}: interrupted{name} after {args.output} was complete", file=sys.stderr)
+            return 0
+        print(f"{where}: interrupted{name}; {_after_interrupt(args)}", file=sys.stderr)
     except BrokenPipeError:
         _quiet_stdout()
         return 0
@@ -150,6 +153,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{where}: error: {missing_package_message(exc.name or '')}", file=sys.stderr)
     return 2
+
+
+def _published_since(args: argparse.Namespace, started: float) -> bool:
+    """A build whose package was published (its manifest.json renamed into place) after
+    `started`: a signal landing after that (while the summary is printed) stops nothing."""
+    if args.command != "build" or not getattr(args, "output", None):
+        return False
+    from mobius_lite.layout import MANIFEST_FILE
+
+    manifest = Path(args.output) / MANIFEST_FILE
+    try:
+        return manifest.stat().st_mtime >= started
+    except OSError:
+        return False
 
 
 def _after_interrupt(args: argparse.Namespace) -> str:

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         for module in ("onnxruntime", "torch", "transformers"):  # before any run or download
             require(module, "qualify")
         open_package(args.package)  # every graph and data file there, before the source is read
-        ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
+        ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
         report = qualify(
             args.package,
             resolve_source(args),

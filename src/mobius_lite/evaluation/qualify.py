@@ -137,29 +137,44 @@ def prompt_tokens(
     prompt_ids: list[int] | None,
     prompt: str | None,
 ) -> tuple[list[int], str]:
-    """The prompt as token ids, and where they came from."""
+    """The prompt as token ids, and where they came from: at least one id, each inside the
+    vocabulary (the package would fail on an empty or out-of-range prompt, mid-run)."""
     if prompt_ids is not None and prompt is not None:
         raise ConfigError("give either --prompt-ids or --prompt, not both")
     if prompt is not None:
-        from transformers import AutoTokenizer
-
-        for where in (package_dir, source):
-            if (where / "tokenizer.json").is_file() or (where / "tokenizer.model").is_file():
-                ids = AutoTokenizer.from_pretrained(str(where))(prompt)["input_ids"]
-                return [int(i) for i in ids], f"--prompt tokenized with the tokenizer in {where}"
-        raise ConfigError(
-            f"--prompt needs a tokenizer, but neither {package_dir} nor {source} has one; "
-            "pass --prompt-ids instead"
-        )
-    if prompt_ids is None:
+        ids, origin = _tokenized(prompt, package_dir, source)
+        if not ids:
+            raise ConfigError(
+                f"the prompt {prompt!r} tokenizes to no tokens; give a prompt with text in it "
+                "(or prompt ids)"
+            )
+    elif prompt_ids is None:
         rng = np.random.default_rng(0)
         low = min(3, config.vocab_size - 1)
         ids = rng.integers(low, config.vocab_size, size=DEFAULT_PROMPT_LENGTH).tolist()
         return [int(i) for i in ids], f"default: {DEFAULT_PROMPT_LENGTH} ids from numpy seed 0"
-    bad = [i for i in prompt_ids if not 0 <= i < config.vocab_size]
+    else:
+        if not prompt_ids:
+            raise ConfigError("the prompt ids are empty; give at least one token id")
+        ids, origin = list(prompt_ids), "--prompt-ids"
+    bad = [i for i in ids if not 0 <= i < config.vocab_size]
     if bad:
         raise ConfigError(f"--prompt-ids {bad} are outside the vocabulary [0, {config.vocab_size})")
-    return list(prompt_ids), "--prompt-ids"
+    return ids, origin
+
+
+def _tokenized(prompt: str, package_dir: Path, source: Path) -> tuple[list[int], str]:
+    """`prompt` tokenized with the package's tokenizer, else the source's."""
+    from transformers import AutoTokenizer
+
+    for where in (package_dir, source):
+        if (where / "tokenizer.json").is_file() or (where / "tokenizer.model").is_file():
+            ids = AutoTokenizer.from_pretrained(str(where))(prompt)["input_ids"]
+            return [int(i) for i in ids], f"--prompt tokenized with the tokenizer in {where}"
+    raise ConfigError(
+        f"--prompt needs a tokenizer, but neither {package_dir} nor {source} has one; "
+        "pass --prompt-ids instead"
+    )
 
 
 # ----------------------------------------------------------------------------- runs
@@ -349,6 +364,12 @@ def qualify(
         )
     raw = read_config_json(package_dir)
     if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:  # media graphs: their own runs
+        if prompt_ids is not None or prompt is not None:
+            raise ConfigError(
+                f"{package_dir} is an Omni package: qualify runs it on its own synthetic prompt "
+                "(random token ids around two generated images), so it takes no prompt; leave "
+                "the prompt out"
+            )
         return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
     config = load_text_config(raw)
     source_raw = source_config(source_dir, kind, raw)
