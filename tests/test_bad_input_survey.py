@@ -52,6 +52,15 @@ def test_qualify_refuses_an_empty_prompt(work: Path, extra, expected, tmp_path, 
     assert not out.exists()
 
 
+def test_qualify_output_that_is_a_file(work: Path, tmp_path, capsys) -> None:
+    """It was a NotADirectoryError traceback, exit 1."""
+    target = tmp_path / "file.txt"
+    target.write_text("not a directory")
+    code, err = _run(_qualify(work, "--steps", "1", "--output", str(target)), capsys)
+    assert code == 2 and len(err) == 1 and "is a file, not a directory" in err[0], err
+    assert target.read_text() == "not a directory"
+
+
 def test_qualify_output_is_replaced_only_with_overwrite(work: Path, tmp_path, capsys) -> None:
     earlier = json.loads((work / "q1" / "report.json").read_text())
     code, err = _run(_qualify(work, "--steps", "1", "--output", str(work / "q1")), capsys)

@@ -123,6 +123,19 @@ def test_omni_kind_loads_in_transformers_and_builds(tmp_path: Path) -> None:
     package = _build(checkpoint, tmp_path / "pkg")
     for graph in ("vision_encoder.onnx", "embedding.onnx", "model.onnx"):
         assert (package / graph).is_file()
+    # its preprocessor_config.json fits the tower: an image runs through every graph
+    from PIL import Image
+
+    Image.new("RGB", (20, 12), (200, 30, 30)).save(tmp_path / "red.png")
+    args = [
+        "generate",
+        str(package),
+        "--prompt",
+        "<image> hi",
+        "--image",
+        str(tmp_path / "red.png"),
+    ]
+    assert main([*args, "--max-new-tokens", "2"]) == 0
 
 
 def test_gguf_kind_is_a_converter_layout_file(tmp_path: Path) -> None:

@@ -49,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.demo import write_demo
 
     path = write_demo(args.kind, args.out, seed=args.seed)
-    print(f"wrote a {args.kind} demo checkpoint to {path}")
+    print(f"wrote the {args.kind} demo checkpoint to {path}")
     return 0

@@ -142,6 +142,17 @@ VISION: dict[str, Any] = {
 }
 PROJECTOR_HIDDEN = 48
 DOWNSAMPLE_RATIO = 0.5
+# preprocessor_config.json: the image processor's patch size is the tower's, and the patch
+# budget small (an image becomes 16 to 64 patches, 4 to 16 tokens after the 2 x 2 merge).
+IMAGE_PROCESSOR: dict[str, Any] = {
+    "patch_size": VISION["patch_size"],
+    "downsample_ratio": DOWNSAMPLE_RATIO,
+    "min_num_patches": 16,
+    "max_num_patches": 64,
+    "max_model_len": 4096,
+    "image_mean": VISION["norm_mean"],
+    "image_std": VISION["norm_std"],
+}
 
 
 def omni_config(text: dict[str, Any], image_token_id: int, video_token_id: int) -> dict[str, Any]:

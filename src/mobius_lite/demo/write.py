@@ -161,6 +161,8 @@ def _omni(directory: Path, rng: Random) -> None:
         )
     )
     _save(directory, config, tensors, tokenizer)
+    processor = json.dumps(configs.IMAGE_PROCESSOR, indent=2) + "\n"
+    (directory / "preprocessor_config.json").write_text(processor)
 
 
 WRITERS: dict[str, Callable[[Path, Random], None]] = {

@@ -357,7 +357,11 @@ def qualify(
         raise ConfigError(f"--steps must be >= 0, found {steps}")
     out_dir = Path(output) if output is not None else None  # created once inputs are good
     providers = session_providers(ep)
-    if output is not None and out_dir.exists() and any(out_dir.iterdir()):
+    if output is not None and out_dir.exists() and not out_dir.is_dir():
+        raise PackageError(
+            f"{out_dir} is a file, not a directory; choose a directory path for the report"
+        )
+    if output is not None and is_used(out_dir):
         raise PackageError(
             f"{out_dir} exists and is not empty; choose another output directory, or allow "
             "replacing an earlier qualify output (--overwrite)"
