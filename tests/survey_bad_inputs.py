@@ -37,6 +37,8 @@ class Case:
     signal_when: str | None = None  # ... or as soon as this glob matches in the work dir
     cwd: str = "."  # relative to the work dir
     notes: str = ""
+    printed: bool = False  # stdout must hold something (tokens printed before a signal)
+    owner: str = ""  # a failure here is another engineer's to fix (issue 30: "generate", "build")
 
 
 @dataclass
@@ -127,6 +129,8 @@ def run_case(case: Case, work: Path) -> Outcome:
     errors = [line for line in lines if ": error: " in line or "interrupted" in line]
     message = (errors or lines or [""])[-1]
     problem = case.check(work) if case.check else None
+    if case.printed and not out.strip():
+        problem = "nothing was printed on stdout"
     outcome = Outcome(case, process.returncode, message.strip(), "Traceback" in err, problem)
     outcome.extra["stdout_lines"] = len(out.splitlines())
     return outcome
@@ -237,6 +241,7 @@ def cases() -> list[Case]:
         Case(
             "bad value",
             [B, "--model", "text-ckpt", "--output", "o1", "--config", "nope.json"],
+            owner="build",
             check=absent("o1"),
         ),
         Case(
@@ -270,6 +275,7 @@ def cases() -> list[Case]:
             expect=0,
             cwd="empty-cwd",
             notes="--output . in an empty directory",
+            owner="build",
         ),
         Case(
             "bad value",
@@ -328,20 +334,21 @@ def cases() -> list[Case]:
         # generate
         Case("missing value", [G, "text-pkg"], notes="no --prompt"),
         Case("wrong input", [G, "text-ckpt", "--prompt", "hi"]),
-        Case("bad value", [G, "text-pkg", "--prompt", ""], notes="empty prompt"),
+        Case("bad value", [G, "text-pkg", "--prompt", ""], notes="empty prompt", owner="generate"),
         Case("bad value", [G, "text-pkg", "--prompt", "hi", "--max-new-tokens", "0"]),
         Case("bad value", [G, "text-pkg", "--prompt", "hi", "--max-new-tokens", "-3"]),
         Case(
             "bad value",
             [G, "text-pkg", "--prompt", "hi", "--max-new-tokens", "100000"],
             notes="past context_length (4096)",
+            owner="generate",
         ),
         Case(
             "bad value",
             [G, "text-pkg", "--prompt", "hi", "--speculative", "2"],
             notes="no MTP head",
         ),
-        Case("bad value", [G, "mtp-pkg", "--prompt", "hi", "--speculative", "0"]),
+        Case("bad value", [G, "mtp-pkg", "--prompt", "hi", "--speculative", "0"], owner="generate"),
         Case(
             "bad value",
             [G, "text-pkg", "--prompt", "<image> hi", "--image", "x.png"],
@@ -354,7 +361,8 @@ def cases() -> list[Case]:
         Case(
             "bad value",
             [G, "omni-pkg", "--prompt", "hi", "--image", "red.png"],
-            notes="an image but no <image> marker",
+            expect=0,
+            notes="an image but no <image> marker: put at the start, as processors do",
         ),
         Case("bad value", [G, "omni-pkg", "--prompt", "<image> hi"], notes="marker, no image"),
         Case(
@@ -366,13 +374,16 @@ def cases() -> list[Case]:
             "bad value",
             [G, "omni-pkg", "--prompt", "<so_embedding> hi", "--audio", "red.png"],
             notes="audio for a package without an audio tower",
+            owner="generate",
         ),
         Case("missing file", [G, "no-tokenizer-pkg", "--prompt", "hi"], notes="no tokenizer.json"),
         Case(
             "signal",
             [G, "text-pkg", "--prompt", "hi", "--max-new-tokens", "4000", "--ignore-eos"],
             signal_after=15.0,
-            notes="SIGINT mid-generation",
+            notes="SIGINT mid-generation: the tokens made so far should be printed",
+            printed=True,
+            owner="generate",
         ),
         # a package whose data file is truncated, in every command
         Case("broken package", [Ins, "truncated-pkg"]),
@@ -417,6 +428,8 @@ def table(outcomes: list[Outcome]) -> str:
         if o.case.signal_after is not None:
             command += f" (SIGINT after {o.case.signal_after:g} s)"
         verdict = "ok" if o.ok else "FAIL"
+        if not o.ok and o.case.owner:
+            verdict = f"open: owned by {o.case.owner} work"
         if o.traceback:
             verdict += ", traceback"
         if o.problem:
@@ -433,5 +446,9 @@ if __name__ == "__main__":
     where = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="survey-"))
     where.mkdir(parents=True, exist_ok=True)
     results = survey(where)
+    saved = [
+        {"args": o.case.args, "code": o.code, "message": o.message, "ok": o.ok} for o in results
+    ]
+    (where / "outcomes.json").write_text(json.dumps(saved, indent=2))
     print(table(results))
     print(f"\n{sum(o.ok for o in results)} of {len(results)} as expected", file=sys.stderr)
