@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 300
+MAX_MESSAGE = 300  # characters of a message shown in the table
 
 
 @dataclass
@@ -379,8 +380,8 @@ def cases() -> list[Case]:
         Case("missing file", [G, "no-tokenizer-pkg", "--prompt", "hi"], notes="no tokenizer.json"),
         Case(
             "signal",
-            [G, "text-pkg", "--prompt", "hi", "--max-new-tokens", "4000", "--ignore-eos"],
-            signal_after=15.0,
+            [G, "text-pkg", "--prompt", "hi", "--max-new-tokens", "3000", "--ignore-eos"],
+            signal_after=3.0,
             notes="SIGINT mid-generation: the tokens made so far should be printed",
             printed=True,
             owner="generate",
@@ -436,7 +437,8 @@ def table(outcomes: list[Outcome]) -> str:
             verdict += f", {o.problem}"
         if o.code != o.case.expect:
             verdict += f", expected {o.case.expect}"
-        message = o.message.replace("|", "\\|")
+        message = o.message if len(o.message) <= MAX_MESSAGE else o.message[:MAX_MESSAGE] + " ..."
+        message = message.replace("|", "\\|")
         note = f" ({o.case.notes})" if o.case.notes else ""
         rows.append(f"| {o.case.kind}{note} | `{command}` | {o.code} | {message} | {verdict} |")
     return "\n".join(rows)
