@@ -440,6 +440,7 @@ def table(outcomes: list[Outcome]) -> str:
         message = o.message if len(o.message) <= MAX_MESSAGE else o.message[:MAX_MESSAGE] + " ..."
         message = message.replace("|", "\\|")
         note = f" ({o.case.notes})" if o.case.notes else ""
+        note, message = (t.replace("<", "&lt;") for t in (note, message))  # not HTML tags
         rows.append(f"| {o.case.kind}{note} | `{command}` | {o.code} | {message} | {verdict} |")
     return "\n".join(rows)
 
