@@ -17,6 +17,7 @@ import json
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,37 @@ def default_output(package_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+def _no_prompt_for_omni(package_dir: Path, prompt_given: bool) -> None:
+    if prompt_given:
+        raise ConfigError(
+            f"{package_dir} is an Omni package: qualify runs it on its own synthetic prompt "
+            "(random token ids around two generated images), so it takes no prompt; leave "
+            "the prompt out"
+        )
+
+
+def _check_output(out_dir: Path) -> None:
+    """Refuse a file, or a used directory (overwrite handled by the caller), as the output."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PackageError(
+            f"{out_dir} is a file, not a directory; choose a directory path for the report"
+        )
+    if is_used(out_dir):
+        raise PackageError(
+            f"{out_dir} exists and is not empty; choose another output directory, or allow "
+            "replacing an earlier qualify output (--overwrite)"
+        )
+
+
+def _replacing(output: Path, run: Callable[[Path], QualifyReport]) -> QualifyReport:
+    """`run` into a hidden sibling of the earlier qualify output `output`, which it replaces
+    when the run returns (evaluation/qualify_output.py)."""
+    with replacing(output) as staging:
+        report = run(staging)
+    report.directory = output
+    return report
+
+
 def qualify(
     package: str | Path,
     source: str | Path,
@@ -335,19 +367,10 @@ def qualify(
     picks the onnxruntime execution provider; unless `quiet`, each long step is announced
     on stderr."""
     if overwrite and output is not None and is_used(Path(output)):
-        with replacing(Path(output)) as staging:
-            report = qualify(
-                package,
-                source,
-                prompt_ids=prompt_ids,
-                prompt=prompt,
-                steps=steps,
-                output=staging,
-                ep=ep,
-                quiet=quiet,
-            )
-        report.directory = Path(output)
-        return report
+        options = dict(prompt_ids=prompt_ids, prompt=prompt, steps=steps, ep=ep, quiet=quiet)
+        return _replacing(
+            Path(output), lambda staging: qualify(package, source, output=staging, **options)
+        )
     package_dir = Path(package)
     source_dir = Path(source)
     if not (package_dir / DECODER_FILE).is_file():
@@ -357,23 +380,11 @@ def qualify(
         raise ConfigError(f"--steps must be >= 0, found {steps}")
     out_dir = Path(output) if output is not None else None  # created once inputs are good
     providers = session_providers(ep)
-    if output is not None and out_dir.exists() and not out_dir.is_dir():
-        raise PackageError(
-            f"{out_dir} is a file, not a directory; choose a directory path for the report"
-        )
-    if output is not None and is_used(out_dir):
-        raise PackageError(
-            f"{out_dir} exists and is not empty; choose another output directory, or allow "
-            "replacing an earlier qualify output (--overwrite)"
-        )
+    if out_dir is not None:
+        _check_output(out_dir)
     raw = read_config_json(package_dir)
     if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:  # media graphs: their own runs
-        if prompt_ids is not None or prompt is not None:
-            raise ConfigError(
-                f"{package_dir} is an Omni package: qualify runs it on its own synthetic prompt "
-                "(random token ids around two generated images), so it takes no prompt; leave "
-                "the prompt out"
-            )
+        _no_prompt_for_omni(package_dir, prompt_ids is not None or prompt is not None)
         return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
     config = load_text_config(raw)
     source_raw = source_config(source_dir, kind, raw)
