@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
         "routes",
     ),
     ("tasks",),
-    ("build",),
+    ("build", "demo"),
     ("evaluation",),
     ("bench",),
     ("cli",),

@@ -107,3 +107,35 @@ def test_head_verdict_on_the_newest_layouts(layout: str, tmp_path) -> None:
     assert head.evidence["parity"]["families"]["logits"]["compared"] == 4
     speculative = head.evidence["speculative"]
     assert speculative["tokens"] == speculative["plain_tokens"]
+
+
+def _gguf_with_head(path, head_seed: int):
+    import numpy as np
+
+    from gguf_fixtures import write_gguf
+    from mtp_fixtures import HEAD_PATTERN, global_head_shape, head_tensors, nextn_tensors
+    from nemotron_reference import make_reference
+
+    model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(head_seed))
+    nextn = nextn_tensors(head, model.config)
+    write_gguf(path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn)
+    return path
+
+
+def test_gguf_head_verdict_reads_the_files_nextn_block(tmp_path) -> None:
+    """Issue 30, item 10: the head built from a GGUF's nextn block is checked against that
+    block dequantized (it was NOT_RUN with a NotADirectoryError); a GGUF whose head differs
+    (same config, other head values) fails the head's verdict alone."""
+    source = _gguf_with_head(tmp_path / "tiny-Q8_0.gguf", head_seed=7)
+    package = mobius_lite.build(source).save(tmp_path / "package", quiet=True)
+    report = qualify(package, source, output=tmp_path / "run", steps=3)
+    head = report.verdicts["mtp_head"]
+    assert head.status == PASS, head.summary
+    assert head.evidence["parity"]["families"]["logits"]["compared"] == 4
+    assert report.exit_code == 0
+
+    other = _gguf_with_head(tmp_path / "other-Q8_0.gguf", head_seed=8)
+    report = qualify(package, other, output=tmp_path / "run-other", steps=1)
+    assert report.verdicts["mtp_head"].status == FAIL
+    assert report.verdicts["numerical_parity"].status == PASS  # the decoder is the same model

@@ -12,4 +12,5 @@ COMMANDS: dict[str, str] = {
     "qualify": "check a package against its source checkpoint: four separate verdicts",
     "generate": "greedy generation from a package (text, or Omni with images and audio)",
     "bench": "time a package's prefill and decode, next to llama.cpp and transformers",
+    "demo": "write a small random checkpoint (text, moe, puzzle, mtp, omni, gguf) to try",
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Iterator
@@ -50,6 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "package", metavar="PACKAGE", help="package directory (built by mobius build) or .onnx file"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON (for machines)")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="list every subgraph on its own line (by default: one line per kind of subgraph, "
+        "with counts; --json always lists them all)",
+    )
     p.set_defaults(run=run)
 
 
@@ -277,7 +285,56 @@ def _shape(shape: list | None) -> str:
     return "?" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def format_report(report: dict[str, Any]) -> str:
+MAX_SCOPES = 3  # module scopes named on a subgraph-summary line
+
+
+_SEGMENT = re.compile(r"(?:^|/)[A-Za-z]+:")
+PLURAL = {"branch": "branches", "body": "bodies"}
+
+
+def _segments(path: str) -> list[tuple[str, str, str]]:
+    """A subgraph path's `Op:node.attribute` segments (inspect_model's labels, joined by "/")
+    as (op, node name, attribute). Node names hold "/" too, so segments are cut at `Op:`."""
+    starts = [m.start() for m in _SEGMENT.finditer(path)] + [len(path)]
+    out = []
+    for start, end in zip(starts[:-1], starts[1:], strict=True):
+        op, rest = path[start:end].lstrip("/").split(":", 1)
+        node, _, attribute = rest.rpartition(".")
+        out.append((op, node, attribute))
+    return out
+
+
+def _subgraph_kind(path: str) -> tuple[str, str]:
+    """(kind, module scope) of a subgraph: the innermost segment gives the kind ("If branch",
+    "Scan body", "Loop body"), the outermost node's name scope the module it belongs to
+    ("backbone/layers.1/mixer/experts")."""
+    segments = _segments(path)
+    op, _, attribute = segments[-1]
+    kind = f"{op} {'branch' if attribute.endswith('_branch') else attribute}"
+    node = segments[0][1]
+    return kind, node.rsplit("/", 1)[0] if "/" in node else "the top level"
+
+
+def subgraph_summary(subgraphs: list[dict[str, Any]]) -> list[str]:
+    """One line per kind of subgraph: how many, their nodes, the module scopes they sit in."""
+    kinds: dict[str, list[tuple[str, int]]] = {}
+    for s in subgraphs:
+        kind, scope = _subgraph_kind(s["path"])
+        kinds.setdefault(kind, []).append((scope, s["nodes"]))
+    lines = []
+    for kind, members in sorted(kinds.items()):
+        scopes = list(dict.fromkeys(scope for scope, _ in members))
+        named = ", ".join(scopes[:MAX_SCOPES])
+        if len(scopes) > MAX_SCOPES:
+            named += f" and {len(scopes) - MAX_SCOPES} more"
+        op, noun = kind.split(" ", 1)
+        noun = noun if len(members) == 1 else PLURAL.get(noun, noun + "s")
+        nodes = sum(n for _, n in members)
+        lines.append(f"    {len(members)} {op} {noun}, {nodes} nodes, in {named}")
+    return lines
+
+
+def format_report(report: dict[str, Any], verbose: bool = False) -> str:
     lines = [f"package: {report['package']}"]
     if "manifest.json" in report and report["manifest.json"].get("source"):
         src = report["manifest.json"]["source"]
@@ -292,8 +349,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"{m['file']} ({human_bytes(m['size_on_disk'])}; ir {m['ir_version']}; {opsets})",
         ]
         lines.append(f"  graph {m['graph']!r}, {len(m['subgraphs'])} subgraph(s)")
-        for s in m["subgraphs"]:
-            lines.append(f"    {s['path']}: {s['nodes']} nodes")
+        if verbose:
+            lines += [f"    {s['path']}: {s['nodes']} nodes" for s in m["subgraphs"]]
+        else:
+            lines += subgraph_summary(m["subgraphs"])
         for kind in ("inputs", "outputs"):
             lines.append(f"  {kind} ({len(m[kind])}):")
             lines += [
@@ -363,7 +422,8 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.package_reader import incomplete_package, read_package
 
     report = inspect_package(args.package)
-    print(json.dumps(report, indent=2) if args.json else format_report(report), flush=True)
+    text = json.dumps(report, indent=2) if args.json else format_report(report, args.verbose)
+    print(text, flush=True)
     target = Path(args.package)
     if target.is_dir() and (target / MANIFEST_FILE).is_file():
         read_package(target).raise_if_incomplete()

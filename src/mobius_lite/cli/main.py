@@ -113,9 +113,24 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+QUIET_FLAGS = ("-q", "--quiet")
+
+
+def _quiet_dependencies(argv: Sequence[str]) -> None:
+    """Before transformers is imported: its advisory lines ("PyTorch was not found ...", which
+    the base install prints although no command of it needs torch) are never shown, and with
+    -q / --quiet nothing below an error is, nor its or the hub's progress bars ("Loading
+    weights"). A value the user set in the environment wins."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if any(arg in QUIET_FLAGS for arg in argv):
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     entry = argv is None  # the console script / python -m: the process ends with this call
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_dependencies(argv)
     parser = make_parser(_chosen_command(argv))  # "" (no command named): one-line entries
     args = parser.parse_args(argv)
     where = f"mobius {args.command}"

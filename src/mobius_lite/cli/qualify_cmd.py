@@ -64,6 +64,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "directory, printed at the end)",
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier qualify output at --output (a directory with report.json) "
+        "when the run ends; without it a non-empty --output is refused",
+    )
+    p.add_argument(
         "--ep",
         default="cpu",
         choices=EXECUTION_PROVIDERS,
@@ -87,8 +93,11 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.runtime import check_runnable
 
     if args.rescore:
-        if args.package or args.source:
-            raise ConfigError("--rescore DIR works offline: give no PACKAGE or --source with it")
+        if args.package or args.source or args.overwrite:
+            raise ConfigError(
+                "--rescore DIR works offline on a saved output: give no PACKAGE, --source or "
+                "--overwrite with it"
+            )
         report = rescore(args.rescore)
     else:
         if not args.package:
@@ -97,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             require(module, "qualify")
         files = open_package(args.package)  # every graph and data file, before the source
         check_runnable(files, args.ep)  # its recorded dtype and operators against --ep
-        ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids else None
+        ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
         report = qualify(
             args.package,
             resolve_source(args),
@@ -107,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             output=args.output,
             ep=args.ep,
             quiet=args.quiet,
+            overwrite=args.overwrite,
         )
     print(format_table(report))
     return report.exit_code

@@ -17,6 +17,7 @@ import json
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from mobius_lite.evaluation.instrument import (
     instrument,
 )
 from mobius_lite.evaluation.metrics import compare
+from mobius_lite.evaluation.qualify_output import is_used, replacing
 from mobius_lite.evaluation.qualify_report import (
     ARRAYS_FILE,
     REPORT_FILE,
@@ -145,29 +147,44 @@ def prompt_tokens(
     prompt_ids: list[int] | None,
     prompt: str | None,
 ) -> tuple[list[int], str]:
-    """The prompt as token ids, and where they came from."""
+    """The prompt as token ids, and where they came from: at least one id, each inside the
+    vocabulary (the package would fail on an empty or out-of-range prompt, mid-run)."""
     if prompt_ids is not None and prompt is not None:
         raise ConfigError("give either --prompt-ids or --prompt, not both")
     if prompt is not None:
-        from transformers import AutoTokenizer
-
-        for where in (package_dir, source):
-            if (where / "tokenizer.json").is_file() or (where / "tokenizer.model").is_file():
-                ids = AutoTokenizer.from_pretrained(str(where))(prompt)["input_ids"]
-                return [int(i) for i in ids], f"--prompt tokenized with the tokenizer in {where}"
-        raise ConfigError(
-            f"--prompt needs a tokenizer, but neither {package_dir} nor {source} has one; "
-            "pass --prompt-ids instead"
-        )
-    if prompt_ids is None:
+        ids, origin = _tokenized(prompt, package_dir, source)
+        if not ids:
+            raise ConfigError(
+                f"the prompt {prompt!r} tokenizes to no tokens; give a prompt with text in it "
+                "(or prompt ids)"
+            )
+    elif prompt_ids is None:
         rng = np.random.default_rng(0)
         low = min(3, config.vocab_size - 1)
         ids = rng.integers(low, config.vocab_size, size=DEFAULT_PROMPT_LENGTH).tolist()
         return [int(i) for i in ids], f"default: {DEFAULT_PROMPT_LENGTH} ids from numpy seed 0"
-    bad = [i for i in prompt_ids if not 0 <= i < config.vocab_size]
+    else:
+        if not prompt_ids:
+            raise ConfigError("the prompt ids are empty; give at least one token id")
+        ids, origin = list(prompt_ids), "--prompt-ids"
+    bad = [i for i in ids if not 0 <= i < config.vocab_size]
     if bad:
         raise ConfigError(f"--prompt-ids {bad} are outside the vocabulary [0, {config.vocab_size})")
-    return list(prompt_ids), "--prompt-ids"
+    return ids, origin
+
+
+def _tokenized(prompt: str, package_dir: Path, source: Path) -> tuple[list[int], str]:
+    """`prompt` tokenized with the package's tokenizer, else the source's."""
+    from transformers import AutoTokenizer
+
+    for where in (package_dir, source):
+        if (where / "tokenizer.json").is_file() or (where / "tokenizer.model").is_file():
+            ids = AutoTokenizer.from_pretrained(str(where))(prompt)["input_ids"]
+            return [int(i) for i in ids], f"--prompt tokenized with the tokenizer in {where}"
+    raise ConfigError(
+        f"--prompt needs a tokenizer, but neither {package_dir} nor {source} has one; "
+        "pass --prompt-ids instead"
+    )
 
 
 # ----------------------------------------------------------------------------- runs
@@ -312,6 +329,37 @@ def default_output(package_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+def _no_prompt_for_omni(package_dir: Path, prompt_given: bool) -> None:
+    if prompt_given:
+        raise ConfigError(
+            f"{package_dir} is an Omni package: qualify runs it on its own synthetic prompt "
+            "(random token ids around two generated images), so it takes no prompt; leave "
+            "the prompt out"
+        )
+
+
+def _check_output(out_dir: Path) -> None:
+    """Refuse a file, or a used directory (overwrite handled by the caller), as the output."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PackageError(
+            f"{out_dir} is a file, not a directory; choose a directory path for the report"
+        )
+    if is_used(out_dir):
+        raise PackageError(
+            f"{out_dir} exists and is not empty; choose another output directory, or allow "
+            "replacing an earlier qualify output (--overwrite)"
+        )
+
+
+def _replacing(output: Path, run: Callable[[Path], QualifyReport]) -> QualifyReport:
+    """`run` into a hidden sibling of the earlier qualify output `output`, which it replaces
+    when the run returns (evaluation/qualify_output.py)."""
+    with replacing(output) as staging:
+        report = run(staging)
+    report.directory = output
+    return report
+
+
 def qualify(
     package: str | Path,
     source: str | Path,
@@ -322,12 +370,19 @@ def qualify(
     output: str | Path | None = None,
     ep: str = "cpu",
     quiet: bool = True,
+    overwrite: bool = False,
 ) -> QualifyReport:
     """Qualify `package` against `source`, the checkpoint directory or .gguf file it was built
     from (GGUF and ModelOpt weights are decoded to FP32 for the reference); write report.json
     + arrays.npz into `output` (default: a new temporary directory, report.directory says
-    which). `ep` picks the onnxruntime execution provider; unless `quiet`, each long step is
-    announced on stderr."""
+    which; `overwrite`: an earlier qualify output there is replaced when the run ends). `ep`
+    picks the onnxruntime execution provider; unless `quiet`, each long step is announced
+    on stderr."""
+    if overwrite and output is not None and is_used(Path(output)):
+        options = dict(prompt_ids=prompt_ids, prompt=prompt, steps=steps, ep=ep, quiet=quiet)
+        return _replacing(
+            Path(output), lambda staging: qualify(package, source, output=staging, **options)
+        )
     package_dir = Path(package)
     source_dir = Path(source)
     if not (package_dir / DECODER_FILE).is_file():
@@ -337,10 +392,11 @@ def qualify(
         raise ConfigError(f"--steps must be >= 0, found {steps}")
     out_dir = Path(output) if output is not None else None  # created once inputs are good
     providers = session_providers(ep)
-    if output is not None and out_dir.exists() and any(out_dir.iterdir()):
-        raise PackageError(f"{out_dir} exists and is not empty; choose another --output")
+    if out_dir is not None:
+        _check_output(out_dir)
     raw = read_config_json(package_dir)
     if model_type_of(raw).task is Task.IMAGE_TEXT_TO_TEXT:  # media graphs: their own runs
+        _no_prompt_for_omni(package_dir, prompt_ids is not None or prompt is not None)
         return _qualify_omni(package_dir, source_dir, steps, output, providers, quiet)
     config = load_text_config(raw)
     source_raw = source_config(source_dir, kind, raw)
@@ -455,7 +511,15 @@ def _references(
             say("running the MTP head and the reference head, then speculative decoding")
             names = _step_names(inputs.steps)
             head_facts, head_ours, head_reference = run_heads(
-                inputs.package_dir, where, inputs.ids, tokens, ours, names, providers
+                inputs.package_dir,
+                where,
+                inputs.ids,
+                tokens,
+                ours,
+                names,
+                providers,
+                kind=kind,
+                source_raw=inputs.source_raw,
             )
             ours.update(head_ours)
             reference.update(head_reference)

@@ -11,6 +11,7 @@ that drafts badly is slow, not wrong).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.enums import GraphRole
+from mobius_lite.errors import MobiusError
 from mobius_lite.evaluation import scoring
+from mobius_lite.evaluation.qualify_sources import (
+    SAFETENSORS_SOURCE,
+    is_head_reference_tensor,
+    reference_checkpoint,
+)
 from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, NOT_RUN, PASS, Verdict
 
 HEAD_PREFIX = "mtp/"
@@ -61,11 +68,15 @@ def run_heads(
     steps: list[str],
     providers: list[str],
     speculate: Speculate | None = None,
+    kind: str = SAFETENSORS_SOURCE,
+    source_raw: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run the package's head and the reference head on the same inputs, then speculative
     decoding with the package's head (`speculate`; default: the text decoder on `prompt`);
     returns (facts, package head arrays, reference head arrays), keys
-    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning)."""
+    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning). A source of
+    another `kind` than safetensors (a GGUF file's nextn block, a ModelOpt head) is decoded
+    to FP32 first, the head's tensors only, with its config dict `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
     from mobius_lite.speculative import MtpHead
@@ -101,9 +112,14 @@ def run_heads(
         "plain_tokens": list(tokens),
         **stats.as_dict(),
     }
+    if kind != SAFETENSORS_SOURCE:
+        facts["reference_weights"] = f"the {kind} source's head decoded to FP32"
     try:
-        with pinned_torch():
-            oracle = MtpReference(source_dir)
+        with pinned_torch(), tempfile.TemporaryDirectory(prefix="mobius-head-") as tmp:
+            checkpoint = reference_checkpoint(
+                source_dir, kind, source_raw or {}, Path(tmp), keep=is_head_reference_tensor
+            )
+            oracle = MtpReference(checkpoint)
             oracle.reset(1)
             length = 0
             for step, (ids, hidden) in zip(steps, feeds, strict=True):
@@ -111,6 +127,8 @@ def run_heads(
                 out = oracle.step(ids, hidden, np.ones((1, length), np.int64))
                 for name, value in out.items():
                     reference[f"{HEAD_PREFIX}{step}/{name}"] = value
+    except MobiusError as exc:  # said in plain words (e.g. a source without a head's tensors)
+        facts["reference_error"] = str(exc)[:1000]
     except Exception as exc:
         facts["reference_error"] = f"{type(exc).__name__}: {exc}"[:1000]
     return facts, ours, reference

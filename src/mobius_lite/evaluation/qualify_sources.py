@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,15 +113,22 @@ def check_same_model(package: NemotronHConfig, source: NemotronHConfig, where: P
 
 # ----------------------------------------------------------------------------- dense copies
 def reference_checkpoint(
-    source: Path, kind: str, raw_config: dict[str, Any], workdir: Path
+    source: Path,
+    kind: str,
+    raw_config: dict[str, Any],
+    workdir: Path,
+    keep: Callable[[str], bool] | None = None,
 ) -> Path:
     """A directory transformers loads for `source`: the source itself, or its dense FP32
-    decode written into `workdir`."""
+    decode written into `workdir` (`keep`: only the tensors whose released name it accepts;
+    the others are not decoded)."""
     if kind == SAFETENSORS_SOURCE:
         return source
     from safetensors.numpy import save_file
 
-    tensors = _gguf_dense(source) if kind == GGUF_SOURCE else _modelopt_dense(source)
+    tensors = _gguf_dense(source, keep) if kind == GGUF_SOURCE else _modelopt_dense(source)
+    if keep is not None:
+        tensors = {name: value for name, value in tensors.items() if keep(name)}
     config = {k: v for k, v in raw_config.items() if k != "quantization_config"}
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
@@ -128,10 +136,16 @@ def reference_checkpoint(
     return workdir
 
 
-def _gguf_dense(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a GGUF file dequantized by gguf-py, in the released layout and names,
-    each weight times its `.scale` tensor where it has one (`.input_scale`: unused, as in the
-    export)."""
+def is_head_reference_tensor(name: str) -> bool:
+    """What the MTP head's reference reads (evaluation/mtp_reference.py): the head's own
+    tensors, the embedding table and lm_head it shares with the decoder."""
+    return name.startswith("mtp.") or name in (EMBEDDINGS, LM_HEAD)
+
+
+def _gguf_dense(path: Path, keep: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file (or those whose released name `keep` accepts) dequantized
+    by gguf-py, in the released layout and names, each weight times its `.scale` tensor
+    where it has one (`.input_scale`: unused, as in the export)."""
     import gguf
 
     from mobius_lite.models.nemotron_h_gguf import (
@@ -148,6 +162,8 @@ def _gguf_dense(path: Path) -> dict[str, np.ndarray]:
     }
     out: dict[str, np.ndarray] = {}
     for mapping in nemotron_h_gguf_mapping(GGUFCheckpoint(path)):
+        if keep is not None and not keep(mapping.checkpoint_name):
+            continue
         tensor = stored[mapping.gguf_name]
         values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
         values = values.reshape(mapping.gguf_shape)
