@@ -108,6 +108,28 @@ def test_qualify_refuses_a_prompt_for_an_omni_package(tmp_path: Path, capsys) ->
     assert not (tmp_path / "run").exists()
 
 
+def test_generate_audio_for_an_omni_package_without_an_audio_tower(tmp_path: Path, capsys) -> None:
+    """The demo Omni checkpoint has a vision tower only: --audio was a ValueError traceback
+    from the audio config reader (exit 1); it is one line naming the missing encoder."""
+    import wave
+
+    import numpy as np
+
+    write_demo("omni", tmp_path / "omni")
+    build = ["build", "--model", str(tmp_path / "omni"), "--output", str(tmp_path / "pkg")]
+    assert main([*build, "-q"]) == 0
+    clip = tmp_path / "clip.wav"
+    with wave.open(str(clip), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(16000)
+        handle.writeframes(np.zeros(1600, dtype="<i2").tobytes())
+    capsys.readouterr()
+    args = ["generate", str(tmp_path / "pkg"), "--prompt", "<so_embedding> hi"]
+    code, err = _run([*args, "--audio", str(clip)], capsys)
+    assert code == 2 and len(err) == 1 and "no audio encoder" in err[0], err
+
+
 @pytest.mark.parametrize("after_publish", [True, False])
 def test_a_signal_after_the_package_is_complete(
     after_publish: bool, work: Path, tmp_path, monkeypatch, capsys

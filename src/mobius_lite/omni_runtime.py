@@ -168,10 +168,7 @@ class OmniSession:
             ids = ids[:, retained]
             features[IMAGE_FEATURES] = video[keep]
         if media.input_features is not None:
-            if AUDIO_FEATURES not in self.embedding_inputs:
-                raise PlaceholderError(
-                    "this package has no audio encoder (its checkpoint had none)"
-                )
+            self._require_audio()
             mask = media.input_features_mask
             if mask is None:
                 mask = np.ones(media.input_features.shape[:2], dtype=np.int64)
@@ -193,11 +190,19 @@ class OmniSession:
         embeds = self.embed(ids, features)
         return Prepared(ids, embeds, features, keep)
 
+    def _require_audio(self) -> None:
+        """PlaceholderError (one line) for audio given to a package without an audio encoder."""
+        if AUDIO_FEATURES not in self.embedding_inputs:
+            raise PlaceholderError(
+                "this package has no audio encoder (its checkpoint had none): give no audio"
+            )
+
     @property
     def audio_mel_bins(self) -> int:
         """Mel bins the audio encoder takes."""
         from mobius_lite.models.omni_audio import OmniAudioConfig
 
+        self._require_audio()
         return OmniAudioConfig.from_dict(self.config.raw).encoder.num_mel_bins
 
     def audio_token_counts(self, input_features_mask: np.ndarray) -> list[int]:
@@ -205,6 +210,7 @@ class OmniSession:
         sum + 1, at most the padded batch's own subsampled length (as transformers keeps)."""
         from mobius_lite.models.omni_audio import OmniAudioConfig
 
+        self._require_audio()
         spec = OmniAudioConfig.from_dict(self.config.raw).encoder
         mask = np.asarray(input_features_mask)
         cap = spec.subsampled_length(mask.shape[1])
