@@ -149,7 +149,8 @@ def test_a_signal_after_the_package_is_complete(
     code, err = _run(["build", "--model", str(work / "ckpt"), "--output", str(out), "-q"], capsys)
     if after_publish:
         assert code == 0 and err == [
-            f"mobius build: interrupted by SIGTERM after {out} was complete"
+            f"mobius build: interrupted by SIGTERM after {out} was complete; "
+            "the package is in place"
         ]
         assert (out / "manifest.json").is_file()
         assert main(["verify", str(out), "-q"]) == 0
