@@ -108,7 +108,7 @@ def session_providers(ep: str) -> list[str]:
     if not set(providers) <= available:
         raise RouteError(
             f"this onnxruntime has no {providers[0]} (it has {', '.join(sorted(available))}); "
-            "install onnxruntime-gpu for --ep cuda, or use --ep cpu"
+            "install onnxruntime-gpu for --ep cuda (ep='cuda'), or use --ep cpu (ep='cpu')"
         )
     return providers
 

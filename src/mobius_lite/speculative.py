@@ -111,7 +111,8 @@ def open_head(
     if not path.is_file():
         raise ConfigError(
             f"{package_dir} has no {GraphRole.MTP.file_name}: its checkpoint has no "
-            "multi-token-prediction head, so it cannot draft; drop --speculative"
+            "multi-token-prediction head, so it cannot draft; decode without speculation "
+            "(no --speculative; in Python, runtime.greedy)"
         )
     return MtpHead(path, providers, session_options)
 
@@ -207,7 +208,7 @@ def speculative_greedy(
     holds the state plain decoding would hold after feeding all but the last token.
     """
     if k < 1:
-        raise ConfigError(f"--speculative must be >= 1 draft tokens, found {k}")
+        raise ConfigError(f"k (--speculative) must be >= 1 draft tokens, found {k}")
     if HIDDEN_STATES not in decoder.output_names:
         raise PackageError(
             f"the decoder has no {HIDDEN_STATES} output, which the head drafts from; rebuild "

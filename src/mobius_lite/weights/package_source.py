@@ -36,7 +36,8 @@ def source_for_package(
         if not record.get("model"):
             raise ConfigError(
                 f"{manifest} records no source checkpoint (packages built with "
-                "build_from_module have none); pass --source CHECKPOINT"
+                "build_from_module have none); give the checkpoint (--source CHECKPOINT; "
+                "source=... in Python)"
             )
         source, revision = record["model"], revision or record.get("revision")
     return resolve_source(source, revision)

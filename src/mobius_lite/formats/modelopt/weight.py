@@ -40,8 +40,8 @@ def _check_kernel_dtype(dtype: ir.DataType, kernel: str) -> None:
     if dtype not in SIXTEEN_BIT:
         raise RouteError(
             f"--weights-backend ort computes with onnxruntime's {kernel}, which takes float16 or "
-            f"bfloat16 activations, not {dtype.name.lower()}; use --dtype f16 (or bf16 with --ep "
-            "cuda), or --weights-backend standard"
+            f"bfloat16 activations, not {dtype.name.lower()}; use --dtype f16 / dtype='f16' "
+            "(or bf16 with --ep cuda), or --weights-backend standard / weights_backend='standard'"
         )
 
 
