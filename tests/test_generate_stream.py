@@ -363,3 +363,39 @@ def test_session_creation_failure_is_one_line(text, tmp_path, capsys) -> None:
     code, _, err = generate(package, capsys, "--prompt", PROMPT)
     assert_one_line(code, err, "generate", "onnxruntime cannot create a session for model.onnx")
     assert "NoSuchOperator" in err
+
+
+def _accuracy_levels(model_file: Path) -> set[int]:
+    import onnx
+
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    return {
+        a.i
+        for node in graph.node
+        if node.op_type in ("MatMulNBits", "QMoE")
+        for a in node.attribute
+        if a.name == "accuracy_level"
+    }
+
+
+def test_speculation_on_int8_activations_is_said(tmp_path, capsys) -> None:
+    """The mid-model benchmark found an --activations int8 package's speculative tokens differ
+    from its plain greedy ones (its verifying calls quantize activations otherwise): generate
+    --speculative says so in one warning line for such a package, and not for an exact one."""
+    from mobius_lite.demo import write_demo
+
+    write_demo("mtp", tmp_path / "ckpt")
+    flags = ["--quantize", "q8_0", "--backend", "ort"]
+    for name, extra in (("int8", ["--activations", "int8"]), ("exact", [])):
+        out = tmp_path / name
+        args = ["build", "--model", str(tmp_path / "ckpt"), "--output", str(out), "-q"]
+        assert main([*args, *flags, *extra]) == 0
+    assert 4 in _accuracy_levels(tmp_path / "int8" / "model.onnx")
+    assert 4 not in _accuracy_levels(tmp_path / "exact" / "model.onnx")
+    capsys.readouterr()
+    for name, warned in (("int8", True), ("exact", False)):
+        code, _, err = generate(
+            tmp_path / name, capsys, "--prompt-ids", "5,6,7", "--speculative", "2"
+        )
+        assert code == 0
+        assert ("warning: this decoder computes with int8 activations" in err) is warned, err

@@ -210,6 +210,8 @@ def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], 
     from mobius_lite.speculative import open_head, speculative_greedy
 
     head = open_head(decoder_file.parent, providers) if args.speculative else None
+    if head is not None:
+        _warn_if_inexact_verification(decoder_file)
     session = DecoderSession(decoder_file, providers)
     if head is None:
         printer.stream(greedy_tokens(session, ids, args.max_new_tokens, stop_tokens=stops), ids)
@@ -267,6 +269,25 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
         _report(stats)
         return
     printer.stream(session.generate_tokens(ids, media, args.max_new_tokens, stop_at_eos=stop), ids)
+
+
+def _warn_if_inexact_verification(decoder_file: Path) -> None:
+    """One stderr line when the decoder computes with int8 activations (`--activations int8`):
+    a multi-token verifying call quantizes its activations otherwise than one-token steps, so
+    speculation can give other tokens than plain greedy decoding (docs/speculative.md)."""
+    import onnx
+
+    from mobius_lite.evaluation.validity import int8_activation_kernels
+
+    graph = onnx.load(str(decoder_file), load_external_data=False).graph
+    if int8_activation_kernels(graph):
+        print(
+            "warning: this decoder computes with int8 activations (--activations int8): its "
+            "verifying calls can choose other tokens than one-token steps, so --speculative "
+            "may not reproduce plain greedy decoding; an exact route (no --activations int8) "
+            "keeps the tokens identical",
+            file=sys.stderr,
+        )
 
 
 def _report(stats) -> None:
