@@ -226,8 +226,17 @@ class OutputScaled:
         return ScaledExperts(moved, kind, self)
 
 
+class InsideQMoE:
+    """What a QMoE operand answers as a weight format: it computes only inside the QMoE node
+    (moe_fused.py), never as a linear layer or a gather. Needs `name`, `kind` and `exact`."""
+
+    name: str
+    kind: str
+    exact: WeightFormat
+
+
 @dataclass(frozen=True)
-class ScaledExperts:
+class ScaledExperts(InsideQMoE):
     """A QMoE operand (`inner`) whose experts' products are multiplied by a stored per-expert
     FP32 scale s [E] (OutputScaled around stacked experts, e.g. GGUF NVFP4 `.scale` sidecars).
 

@@ -41,7 +41,7 @@ from mobius_lite.formats.ggml.qmoe_mins import (
 from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.ggml.weight import GGMLWeight, exact_layout_parameters
-from mobius_lite.formats.weight import FusedExperts, WeightFormat
+from mobius_lite.formats.weight import FusedExperts, InsideQMoE
 
 UINT8 = ir.DataType.UINT8
 
@@ -66,27 +66,6 @@ def experts_byte_cost(up_type: str, down_type: str) -> float:
 
     packed = layout_bytes_per_element(up_type, repeat=2) + layout_bytes_per_element(down_type)
     return packed / (ggml_bpe(up_type) + ggml_bpe(down_type))
-
-
-class InsideQMoE:
-    """What a QMoE operand answers as a weight format: it computes only inside the QMoE node
-    (moe_fused.py), never as a linear layer or a gather. Needs `name`, `kind` and `exact`."""
-
-    name: str
-    kind: str
-    exact: GGMLWeight
-
-    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name}: stacked experts, not a linear layer"
-
-    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
 
 @dataclass(frozen=True)

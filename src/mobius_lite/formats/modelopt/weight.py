@@ -30,7 +30,7 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import typed
 from mobius_lite.formats.modelopt import fp8, nvfp4, nvfp4_nbits
-from mobius_lite.formats.weight import FusedExperts, WeightFormat, gemm_transposed
+from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat, gemm_transposed
 
 FLOAT = ir.DataType.FLOAT
 SIXTEEN_BIT = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -255,7 +255,7 @@ class FP8Weight(_ModelOptWeight):
 
 
 @dataclass(frozen=True)
-class NVFP4QMoEExperts:
+class NVFP4QMoEExperts(InsideQMoE):
     """Stacked ModelOpt NVFP4 experts as QMoE's fc1 (up: rows twice, the SwiGLU form of
     ReLU^2) or fc2 (down) operand: 8-bit codes, block 16, folded at session creation from the
     verbatim parameters (nvfp4_nbits.py); each expert's weight_scale_2 / 2 multiplies its block
@@ -278,18 +278,6 @@ class NVFP4QMoEExperts:
 
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         return self.exact.parameters(shape)
-
-    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias=None):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name}: stacked experts, not a linear layer"
-
-    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
 
     def operands(
         self, op: OpBuilder, params: dict[str, ir.Value]

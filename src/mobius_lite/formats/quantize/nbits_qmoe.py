@@ -12,14 +12,13 @@ fc2 share one bit width and block size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.formats.ggml.relayout_part import ROW_REPEAT, part_suffix
 from mobius_lite.formats.quantize.recipe import Recipe
-from mobius_lite.formats.weight import FusedExperts, WeightFormat
+from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat
 
 EXPERTS_COST = 1.5  # fc1 rows twice over up and down of equal size: (2 + 1) / 2
 
@@ -34,7 +33,7 @@ def qmoe_refusal(recipe: Recipe, dtype: ir.DataType, shape: tuple[int, ...], int
 
 
 @dataclass(frozen=True)
-class NBitsQMoE:
+class NBitsQMoE(InsideQMoE):
     """One stacked int4 / int8 expert slot ([E, N, K]) as QMoE's fc1 (up) or fc2 (down)."""
 
     recipe: Recipe
@@ -103,15 +102,3 @@ class NBitsQMoE:
         ):
             return self, down
         return "do not both fit one QMoE layout (one bit width and block size)"
-
-    def matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value], bias: Any = None):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value):
-        raise NotImplementedError("QMoE experts compute inside the QMoE node (moe_fused.py)")
-
-    def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
-        return f"{self.name}: stacked experts, not a linear layer"
-
-    def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
-        return self if kind == self.kind else self.exact.on_fused_experts(kind, int8)
