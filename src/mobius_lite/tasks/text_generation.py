@@ -92,6 +92,6 @@ def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
     the manifest requires for a tensor written once and used twice)."""
     users: dict[str, list[str]] = {}
     for record in graphs:
-        for name in record.plan.bound_sources:
+        for name in sorted(record.plan.bound_sources):
             users.setdefault(name, []).append(record.role.value)
     return {name: roles for name, roles in users.items() if len(roles) > 1}
