@@ -68,13 +68,7 @@ def test_a_new_source_kind_is_one_entry(
         opened_by.append(str(model))
         return dataclasses.replace(open_safetensors(model, revision), kind="fake")
 
-    fake = dataclasses.replace(
-        SAFETENSORS_KIND,
-        name="fake",
-        claims_name=lambda model, gguf_file: str(model).endswith(".fake"),
-        open=open_fake,
-    )
-    monkeypatch.setitem(SOURCE_KINDS, "fake", fake)
+    monkeypatch.setitem(SOURCE_KINDS, "fake", _fake_kind(open_fake))
     opened = open_checkpoint(link)
     assert (opened.kind, opened_by) == ("fake", [str(link)])
     assert open_checkpoint(checkpoint).kind == "safetensors"
@@ -87,6 +81,7 @@ def fake_reference(request: ReferenceRequest) -> Path:
 
 
 def _fake_kind(open_fake) -> SourceKind:
+    """A kind claiming names ending in .fake, opened by `open_fake`, with its own reference."""
     return dataclasses.replace(
         SAFETENSORS_KIND,
         name="fake",
