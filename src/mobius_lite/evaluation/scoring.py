@@ -229,9 +229,7 @@ def _compare_pairs(
     return comparisons, problems
 
 
-def _incomparable(
-    key: str, name: str, a: np.ndarray, where: int, exc: Exception
-) -> dict[str, Any]:
+def _incomparable(key: str, name: str, a: np.ndarray, where: int, exc: Exception) -> dict[str, Any]:
     """The failed comparison of two arrays `compare` refuses (e.g. shapes that differ)."""
     return {
         "name": key,
