@@ -3,14 +3,19 @@
 Each entry owns its detection (by the name the user gave, or by a safetensors checkpoint's
 config), its opening (config reader, extra files, lazy tensor index), how a package's
 recorded source is found again (verify, qualify), whether a quantization its config declares
-exports packed, and its layout: the name map and conventions the model's tensors take in it.
+exports packed, its layout (the name map and conventions the model's tensors take in it), and
+what qualify's transformers reference reads from it: its config, and the dense FP32
+checkpoint its weights stand for (named "module:function", as model types name their
+reference: that code is evaluation's, layers above this one, imported only when qualify runs).
 `open_checkpoint`, `local_tensors`, `resolve_source` and `layout_of` dispatch through the
 entries; adding a source kind is one entry here plus its own modules (sources/ for the
-files, formats/ for the storage, models/ for the name map).
+files, formats/ for the storage, models/ for the name map, evaluation/ for the reference
+checkpoint when transformers cannot read its files).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,7 @@ from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.models.nemotron_h_gguf import gguf_source_layout
 from mobius_lite.models.nemotron_h_names import SourceLayout, safetensors_source_layout
 from mobius_lite.sources.base import TensorSource
+from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.sources.gguf_file import GGUF, GGUFCheckpoint, is_gguf
 from mobius_lite.sources.gguf_open import open_gguf, resolve_gguf
 from mobius_lite.sources.hub import ResolvedCheckpoint, resolve_checkpoint
@@ -50,6 +56,17 @@ def _checkpoint_dir(source: str, revision: str | None) -> ResolvedCheckpoint:
     return resolve_checkpoint(source, revision, weights=True)
 
 
+def _own_config(path: Path, known: Mapping[str, Any] | None) -> dict[str, Any]:
+    return read_config_json(path)
+
+
+# The reference checkpoints (evaluation/dense_reference.py): each takes a ReferenceRequest
+# (the local source, its config dict, a scratch directory, the tensors wanted, the recipes of
+# the tensors a package quantized at export) and returns the directory transformers loads.
+DENSE_REFERENCE = "mobius_lite.evaluation.dense_reference"
+AS_STORED = f"{DENSE_REFERENCE}:as_stored"
+
+
 @dataclass(frozen=True)
 class SourceKind:
     """One way a checkpoint is stored (see the module doc)."""
@@ -69,6 +86,19 @@ class SourceKind:
     refine: Callable[[OpenedCheckpoint], OpenedCheckpoint] = _as_is
     # whether a quantization its config declares exports packed (routes.check_weight_format)
     keeps_quantization: bool = False
+    # the config dict of a local source of this kind; `known` (a package's config.json)
+    # supplies the fields the source does not carry, and is cross-checked against the rest
+    local_config: Callable[[Path, Mapping[str, Any] | None], dict[str, Any]] = _own_config
+    # qualify: "module:function" turning a local source of this kind into the dense FP32
+    # checkpoint transformers loads (see DENSE_REFERENCE), and what that checkpoint holds,
+    # as qualify's report says it
+    reference: str = AS_STORED
+    reference_description: str = "the checkpoint's tensors, loaded by transformers"
+
+    def reference_checkpoint(self) -> Callable[..., Path]:
+        """The reference checkpoint function, imported now (evaluation sits above this)."""
+        module, _, function = self.reference.partition(":")
+        return getattr(importlib.import_module(module), function)
 
 
 def _gguf_layout(source: TensorSource) -> SourceLayout:
@@ -90,6 +120,10 @@ def _resolve_gguf(source: str, revision: str | None) -> ResolvedCheckpoint:
     return resolve_gguf(source, revision)
 
 
+def _gguf_config(path: Path, known: Mapping[str, Any] | None) -> dict[str, Any]:
+    return config_from_checkpoint(GGUFCheckpoint(path), known)
+
+
 def _local_modelopt(path: Path) -> TensorSource:
     return open_modelopt(local_checkpoint(path)).tensors()
 
@@ -101,6 +135,10 @@ GGUF_KIND = SourceKind(
     local_tensors=GGUFCheckpoint,
     claims_name=lambda model, gguf_file: is_gguf(model) or gguf_file is not None,
     open=_open_gguf,
+    local_config=_gguf_config,
+    reference=f"{DENSE_REFERENCE}:gguf_decoded",
+    reference_description="the GGUF tensors dequantized to FP32 by gguf-py, converter changes "
+    "undone",
 )
 MODELOPT_KIND = SourceKind(
     name=MODELOPT,
@@ -109,6 +147,8 @@ MODELOPT_KIND = SourceKind(
     claims_config=is_modelopt,
     refine=open_modelopt,
     keeps_quantization=True,
+    reference=f"{DENSE_REFERENCE}:modelopt_decoded",
+    reference_description="the ModelOpt weights decoded to FP32 (NVFP4 / FP8 reference decodes)",
 )
 SAFETENSORS_KIND = SourceKind(name=SAFETENSORS, layout=safetensors_source_layout)
 # build_from_module's state dict: named like a safetensors checkpoint, never named by a path

@@ -31,6 +31,7 @@ from mobius_lite.configs.omni import OMNI_MODEL_TYPE
 from mobius_lite.enums import Task
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation import scoring
+from mobius_lite.evaluation.dense_reference import ReferenceRequest
 from mobius_lite.evaluation.instrument import (
     Instrumentation,
     execution_order,
@@ -48,16 +49,7 @@ from mobius_lite.evaluation.qualify_report import (
     save_arrays,
     to_json,
 )
-from mobius_lite.evaluation.qualify_sources import (
-    GGUF_SOURCE,
-    MODELOPT_SOURCE,
-    SAFETENSORS_SOURCE,
-    check_same_model,
-    reference_checkpoint,
-    source_config,
-    source_kind,
-)
-from mobius_lite.evaluation.quantized_reference import write_dequantized_checkpoint
+from mobius_lite.evaluation.qualify_sources import check_same_model, source_config, source_kind
 from mobius_lite.evaluation.scoring import NOT_RUN, Verdict
 from mobius_lite.evaluation.validity import (
     check_graph,
@@ -69,6 +61,7 @@ from mobius_lite.evaluation.validity import (
 from mobius_lite.hashing import sha256_file
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
 from mobius_lite.runtime import WINDOW_PREFIX, DecoderSession, greedy, session_providers
+from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references
 from mobius_lite.weights.manifest import read_manifest
@@ -76,12 +69,6 @@ from mobius_lite.weights.verify import quantized_at_export
 
 DEFAULT_STEPS = 5
 DEFAULT_PROMPT_LENGTH = 16
-# what the reference computes with, per source kind (evaluation/qualify_sources.py)
-REFERENCE_WEIGHTS = {
-    SAFETENSORS_SOURCE: "the checkpoint's tensors, loaded by transformers",
-    GGUF_SOURCE: "the GGUF tensors dequantized to FP32 by gguf-py, converter changes undone",
-    MODELOPT_SOURCE: "the ModelOpt weights decoded to FP32 (NVFP4 / FP8 reference decodes)",
-}
 DEQUANTIZED_WEIGHTS = (
     "the checkpoint's tensors, each one the package quantized at export replaced by the values "
     "its blocks stand for (gguf-py / onnxruntime's quantizer, decoded apart from the export)"
@@ -220,65 +207,31 @@ def _package_runs(
     model_path = package_dir / DECODER_FILE
     say(f"checking {DECODER_FILE}")
     facts: dict[str, Any] = {"checker": check_graph(model_path)}
-    names = _step_names(steps)
-    arrays: dict[str, np.ndarray] = {}
-    not_compared: dict[str, str] = {}
     say(f"running the package: prefill of {len(prompt)} tokens + {steps} decode steps")
     try:
         options = profiled_session_options(workdir / "profile")
         stepper = DecoderSession(model_path, providers, options)
     except Exception as exc:
         facts["session"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        return facts, arrays, {"*": "the package graph did not load"}, {}
-    session = stepper.session
-    facts["session"] = {"ok": True, "providers": session.get_providers()}
-    stepper.reset(1)
-    first = stepper.step(np.array([prompt], dtype=np.int64))
-    facts["session"]["nodes_by_provider"] = providers_from_profile(session.end_profiling())
-    # the profiled call is the prefill: restart cleanly so every step runs the same way
-    plain, tokens = _run_onnx(stepper, prompt, steps)
-    facts["session"]["profiled_call_identical"] = all(
-        np.array_equal(first[k], plain[0][k]) for k in first
-    )
-    del session, stepper
-    for step, out in zip(names, plain, strict=True):
-        for name, value in out.items():
-            if not name.startswith(WINDOW_PREFIX):  # a runtime aid with no reference array
-                arrays[f"{step}/{name}"] = value
+        return facts, {}, {"*": "the package graph did not load"}, {}
+    facts["session"], arrays, tokens = _profiled_run(stepper, prompt, steps)
+    del stepper
 
     taps: Instrumentation = instrument(model_path, config)
+    not_compared: dict[str, str] = {}
     for reason in taps.missing:
         not_compared[reason.split(":")[0]] = reason
-    identical = True
-    differing: list[str] = []
     tapped: list[dict[str, np.ndarray]] = []
     if taps.taps:
         say("running the instrumented twin (hidden states and routing taps)")
         try:
-            options = external_data_session_options(package_dir)
-            twin = DecoderSession(taps.model_bytes, providers, options)
-            tapped, _ = _run_onnx(twin, prompt, steps, feed=tokens)
-            del twin
+            tapped = _twin_run(package_dir, taps, prompt, steps, tokens, providers)
         except Exception as exc:  # the taps are lost, the package's own arrays are not
             reason = f"the instrumented graph did not run: {type(exc).__name__}: {exc}"[:500]
             not_compared.update(dict.fromkeys(taps.taps, reason))
-    if tapped:
-        for step, out in zip(names, tapped, strict=True):
-            for name, value in out.items():
-                key = f"{step}/{name}"
-                if name.startswith(WINDOW_PREFIX):
-                    continue
-                if name in taps.taps:
-                    arrays[key] = value
-                elif not (
-                    value.dtype == arrays[key].dtype
-                    and value.shape == arrays[key].shape
-                    and value.tobytes() == arrays[key].tobytes()
-                ):
-                    identical = False
-                    differing.append(key)
+    differing = _merge_taps(_step_names(steps), tapped, taps, arrays)
     facts["instrumentation"] = {
-        "identical": identical,
+        "identical": not differing,
         "differing_outputs": differing[:20],
         "taps": taps.tap_producers,
         "graph_matches_this_build": taps.matches_build,
@@ -291,13 +244,76 @@ def _package_runs(
     return facts, arrays, not_compared, order
 
 
+def _profiled_run(
+    stepper: DecoderSession, prompt: list[int], steps: int
+) -> tuple[dict[str, Any], dict[str, np.ndarray], list[int]]:
+    """(session facts, arrays by step/name, greedy tokens) of the package graph: a profiled
+    prefill (which providers ran the nodes), then the run from a fresh cache."""
+    session = stepper.session
+    facts: dict[str, Any] = {"ok": True, "providers": session.get_providers()}
+    stepper.reset(1)
+    first = stepper.step(np.array([prompt], dtype=np.int64))
+    facts["nodes_by_provider"] = providers_from_profile(session.end_profiling())
+    # the profiled call is the prefill: restart cleanly so every step runs the same way
+    plain, tokens = _run_onnx(stepper, prompt, steps)
+    facts["profiled_call_identical"] = all(np.array_equal(first[k], plain[0][k]) for k in first)
+    arrays: dict[str, np.ndarray] = {}
+    for step, out in zip(_step_names(steps), plain, strict=True):
+        for name, value in out.items():
+            if not name.startswith(WINDOW_PREFIX):  # a runtime aid with no reference array
+                arrays[f"{step}/{name}"] = value
+    return facts, arrays, tokens
+
+
+def _twin_run(
+    package_dir: Path,
+    taps: Instrumentation,
+    prompt: list[int],
+    steps: int,
+    tokens: list[int],
+    providers: list[str],
+) -> list[dict[str, np.ndarray]]:
+    """The instrumented graph's outputs per step, fed the package's own greedy tokens."""
+    options = external_data_session_options(package_dir)
+    twin = DecoderSession(taps.model_bytes, providers, options)
+    tapped, _ = _run_onnx(twin, prompt, steps, feed=tokens)
+    return tapped
+
+
+def _merge_taps(
+    names: list[str],
+    tapped: list[dict[str, np.ndarray]],
+    taps: Instrumentation,
+    arrays: dict[str, np.ndarray],
+) -> list[str]:
+    """Add the twin's tapped arrays to `arrays`; return the package outputs the twin computed
+    otherwise (any byte differing), by step/name."""
+    differing: list[str] = []
+    if not tapped:
+        return differing
+    for step, out in zip(names, tapped, strict=True):
+        for name, value in out.items():
+            key = f"{step}/{name}"
+            if name.startswith(WINDOW_PREFIX):
+                continue
+            if name in taps.taps:
+                arrays[key] = value
+            elif not (
+                value.dtype == arrays[key].dtype
+                and value.shape == arrays[key].shape
+                and value.tobytes() == arrays[key].tobytes()
+            ):
+                differing.append(key)
+    return differing
+
+
 def _reference_run(
     source: Path,
     config: NemotronHConfig,
     model_type: str,
     prompt: list[int],
     steps: int,
-    kind: str = SAFETENSORS_SOURCE,
+    kind: SourceKind = SAFETENSORS_KIND,
     source_raw: dict[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     from mobius_lite.evaluation.reference import ReferenceRunner, load_reference, pinned_torch
@@ -305,7 +321,8 @@ def _reference_run(
     kinds = [layer.kind for layer in config.layers]
     arrays: dict[str, np.ndarray] = {}
     with pinned_torch() as pinned, tempfile.TemporaryDirectory(prefix="mobius-dense-") as tmp:
-        checkpoint = reference_checkpoint(source, kind, source_raw or {}, Path(tmp))
+        request = ReferenceRequest(source, source_raw or {}, Path(tmp))
+        checkpoint = kind.reference_checkpoint()(request)
         model = load_reference(checkpoint, model_type)
         runner = ReferenceRunner(model, kinds)
         ids = np.array([prompt], dtype=np.int64)
@@ -317,7 +334,7 @@ def _reference_run(
         runner.close()
         del model, runner
     facts = {"implementation": MODEL_TYPES[model_type].reference_name}
-    facts["weights"] = REFERENCE_WEIGHTS[kind]
+    facts["weights"] = kind.reference_description
     facts["torch_flags"] = pinned
     return arrays, facts
 
@@ -406,43 +423,18 @@ def qualify(
     if out_dir is None:
         out_dir = default_output(package_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = _Inputs(package_dir, source_dir, config, model_type, ids, steps, kind, source_raw)
+    return _text_run(inputs, prompt_origin, out_dir, providers, _announcer(quiet))
+
+
+def _announcer(quiet: bool) -> Callable[[str], None]:
+    """`say`: one progress line on stderr, unless `quiet`."""
 
     def say(message: str) -> None:
         if not quiet:
             print(f"qualify: {message}", file=sys.stderr, flush=True)
 
-    facts, ours, not_compared, order = _package_runs(
-        package_dir, config, ids, steps, out_dir, providers, say
-    )
-    verdicts = {"graph_validity": graph_verdict(facts["checker"], facts["session"])}
-    verdicts["source_fidelity"] = source_fidelity(package_dir, source_dir)
-    names = _step_names(steps)
-    reference: dict[str, np.ndarray] = {}
-    reference_facts: dict[str, Any] = {}
-    quantization: dict[str, Any] = {}
-    head_facts: dict[str, Any] | None = None
-    if facts["session"].get("ok"):
-        say("running the reference (transformers, torch FP32)")
-        inputs = _Inputs(package_dir, source_dir, config, model_type, ids, steps, kind, source_raw)
-        reference, reference_facts, quantization, head_facts = _references(
-            inputs, ours, facts["tokens"], providers, say
-        )
-    run = _run_facts(package_dir, source_dir, model_type, providers, verdicts)
-    if head_facts is not None:
-        run["mtp"] = head_facts
-    run.update(
-        prompt_ids=ids,
-        prompt_origin=prompt_origin,
-        steps=names,
-        execution_order=order,
-        not_compared=not_compared,
-        instrumentation=facts.get("instrumentation", {}),
-        reference=reference_facts,
-        int8_activation_kernels=facts["checker"].get("int8_activation_kernels", 0),
-    )
-    if quantization:
-        run["quantization_error"] = quantization
-    return _finish(out_dir, _decide(run, ours, reference), ours, reference)
+    return say
 
 
 @dataclass(frozen=True)
@@ -455,8 +447,50 @@ class _Inputs:
     model_type: str
     ids: list[int]
     steps: int
-    kind: str
+    kind: SourceKind
     source_raw: dict[str, Any]
+
+
+def _text_run(
+    inputs: _Inputs,
+    prompt_origin: str,
+    out_dir: Path,
+    providers: list[str],
+    say: Callable[[str], None],
+) -> QualifyReport:
+    """A text package's run: the package (and its instrumented twin), then the reference
+    when the package loaded; the verdicts and arrays saved into `out_dir`."""
+    package_dir, ids, steps = inputs.package_dir, inputs.ids, inputs.steps
+    facts, ours, not_compared, order = _package_runs(
+        package_dir, inputs.config, ids, steps, out_dir, providers, say
+    )
+    verdicts = {"graph_validity": graph_verdict(facts["checker"], facts["session"])}
+    verdicts["source_fidelity"] = source_fidelity(package_dir, inputs.source_dir)
+    reference: dict[str, np.ndarray] = {}
+    reference_facts: dict[str, Any] = {}
+    quantization: dict[str, Any] = {}
+    head_facts: dict[str, Any] | None = None
+    if facts["session"].get("ok"):
+        say("running the reference (transformers, torch FP32)")
+        reference, reference_facts, quantization, head_facts = _references(
+            inputs, ours, facts["tokens"], providers, say
+        )
+    run = _run_facts(package_dir, inputs.source_dir, inputs.model_type, providers, verdicts)
+    if head_facts is not None:
+        run["mtp"] = head_facts
+    run.update(
+        prompt_ids=ids,
+        prompt_origin=prompt_origin,
+        steps=_step_names(steps),
+        execution_order=order,
+        not_compared=not_compared,
+        instrumentation=facts.get("instrumentation", {}),
+        reference=reference_facts,
+        int8_activation_kernels=facts["checker"].get("int8_activation_kernels", 0),
+    )
+    if quantization:
+        run["quantization_error"] = quantization
+    return _finish(out_dir, _decide(run, ours, reference), ours, reference)
 
 
 def _references(
@@ -478,9 +512,10 @@ def _references(
     with tempfile.TemporaryDirectory(prefix="mobius-dequantized-") as tmp:
         where, kind = inputs.source_dir, inputs.kind
         try:
-            if recipes:
-                where = write_dequantized_checkpoint(where, recipes, inputs.source_raw, Path(tmp))
-                kind = SAFETENSORS_SOURCE
+            if recipes:  # the kind's reference with those tensors dequantized
+                request = ReferenceRequest(where, inputs.source_raw, Path(tmp), recipes=recipes)
+                where = kind.reference_checkpoint()(request)
+                kind = SAFETENSORS_KIND  # a dense checkpoint, read as it is
             reference, facts = _reference_run(
                 where,
                 inputs.config,

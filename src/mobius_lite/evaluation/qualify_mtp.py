@@ -21,12 +21,9 @@ import numpy as np
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import MobiusError
 from mobius_lite.evaluation import scoring
-from mobius_lite.evaluation.qualify_sources import (
-    SAFETENSORS_SOURCE,
-    is_head_reference_tensor,
-    reference_checkpoint,
-)
+from mobius_lite.evaluation.dense_reference import ReferenceRequest, is_head_reference_tensor
 from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, NOT_RUN, PASS, Verdict
+from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 
 HEAD_PREFIX = "mtp/"
 SPECULATIVE_K = 2  # drafts a round in the acceptance run
@@ -68,15 +65,16 @@ def run_heads(
     steps: list[str],
     providers: list[str],
     speculate: Speculate | None = None,
-    kind: str = SAFETENSORS_SOURCE,
+    kind: SourceKind = SAFETENSORS_KIND,
     source_raw: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run the package's head and the reference head on the same inputs, then speculative
     decoding with the package's head (`speculate`; default: the text decoder on `prompt`);
     returns (facts, package head arrays, reference head arrays), keys
-    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning). A source of
-    another `kind` than safetensors (a GGUF file's nextn block, a ModelOpt head) is decoded
-    to FP32 first, the head's tensors only, with its config dict `source_raw`."""
+    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning). A source of a
+    `kind` transformers cannot read (a GGUF file's nextn block, a ModelOpt head) is decoded
+    to FP32 first by its kind's reference function, the head's tensors only, with its config
+    dict `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
     from mobius_lite.speculative import MtpHead
@@ -112,13 +110,14 @@ def run_heads(
         "plain_tokens": list(tokens),
         **stats.as_dict(),
     }
-    if kind != SAFETENSORS_SOURCE:
-        facts["reference_weights"] = f"the {kind} source's head decoded to FP32"
     try:
         with pinned_torch(), tempfile.TemporaryDirectory(prefix="mobius-head-") as tmp:
-            checkpoint = reference_checkpoint(
-                source_dir, kind, source_raw or {}, Path(tmp), keep=is_head_reference_tensor
+            request = ReferenceRequest(
+                source_dir, source_raw or {}, Path(tmp), keep=is_head_reference_tensor
             )
+            checkpoint = kind.reference_checkpoint()(request)
+            if checkpoint != source_dir:  # not read as stored
+                facts["reference_weights"] = f"the {kind.name} source's head decoded to FP32"
             oracle = MtpReference(checkpoint)
             oracle.reset(1)
             length = 0

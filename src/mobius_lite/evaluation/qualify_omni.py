@@ -23,12 +23,12 @@ import numpy as np
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.evaluation import scoring
+from mobius_lite.evaluation.dense_reference import ReferenceRequest
 from mobius_lite.evaluation.qualify_mtp import score_head, split_head_arrays
-from mobius_lite.evaluation.quantized_reference import write_dequantized_checkpoint
+from mobius_lite.evaluation.qualify_sources import source_kind
 from mobius_lite.evaluation.scoring import FAIL, Verdict
 from mobius_lite.evaluation.validity import check_graph, source_fidelity
 from mobius_lite.layout import MANIFEST_FILE
-from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.manifest import read_manifest
 from mobius_lite.weights.verify import quantized_at_export
 
@@ -110,94 +110,19 @@ def omni_runs(
     package_dir: Path, source_dir: Path, steps: int, providers: list[str], say: Any
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str], dict[str, Any]]:
     """Both sides' arrays (by step/name), the step names, and facts (EVS masks equal)."""
-    import torch
-    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
-        compute_retention_mask,
-    )
-
-    from mobius_lite.evaluation.cache_layout import reference_cache_arrays
     from mobius_lite.evaluation.reference import load_reference, pinned_torch
-    from mobius_lite.omni_runtime import Media, OmniSession
-    from mobius_lite.runtime import greedy
+    from mobius_lite.omni_runtime import OmniSession
 
     session = OmniSession(package_dir, providers)
-    config = session.config
-    media = synthetic_media(config)
-    kinds = [layer.kind for layer in config.text.layers]
+    media = synthetic_media(session.config)
     ours: dict[str, np.ndarray] = {}
     ref: dict[str, np.ndarray] = {}
-    facts: dict[str, Any] = {}
     say("running the reference (transformers, torch FP32) and the package side by side")
     with pinned_torch():
         model = load_reference(source_dir, OMNI_MODEL_TYPE)
-        t = {k: torch.from_numpy(v) for k, v in media.items()}
-        image_features = session._run(
-            GraphRole.VISION_ENCODER,
-            {"pixel_values": media["pixel_values"], "image_grid_hw": media["image_grid_hw"]},
-        )[0]
-        ours[f"{PREFILL}/image_features"] = image_features
-        expected = model.get_image_features(t["pixel_values"], t["image_grid_hw"])
-        ref[f"{PREFILL}/image_features"] = torch.cat(expected.pooler_output).numpy()
-
-        video, keep = session._run(
-            GraphRole.VIDEO_ENCODER, {"pixel_values_videos": media["pixel_values_videos"]}
-        )
-        ours[f"{PREFILL}/video_features"] = video
-        (expected_video,) = model.get_video_features(t["pixel_values_videos"]).pooler_output
-        ref[f"{PREFILL}/video_features"] = expected_video.numpy()
-        tubelets = media["pixel_values_videos"].shape[1]
-        expected_keep = compute_retention_mask(expected_video, tubelets, model.video_pruning_rate)
-        facts["evs_mask_equal"] = bool(np.array_equal(keep, expected_keep.numpy()))
-        facts["evs_kept"] = [int(keep.sum()), int(expected_keep.sum())]
-
-        if config.has_audio:
-            ours[f"{PREFILL}/audio_features"] = session._run(
-                GraphRole.AUDIO_ENCODER,
-                {k: media[k] for k in ("input_features", "input_features_mask")},
-            )[0]
-            ref[f"{PREFILL}/audio_features"] = model.get_audio_features(
-                t["input_features"], t["input_features_mask"]
-            ).pooler_output.numpy()
-
+        facts, image_tokens = _media_features(session, model, media, ours, ref)
         say(f"prefill of a two-image prompt + {steps} decode steps on both sides")
-        ids = _prompt(config, len(image_features), seed=1)
-        prepared = session.prepare(
-            ids, Media(pixel_values=media["pixel_values"], image_grid_hw=media["image_grid_hw"])
-        )
-        run = greedy(
-            session.decoder,
-            prepared.inputs_embeds,
-            steps + 1,
-            next_input=session.embed_token,
-            prefill_logits=0,
-        )
-        reference = model(
-            input_ids=torch.from_numpy(ids),
-            pixel_values=t["pixel_values"],
-            image_grid_hw=t["image_grid_hw"],
-            use_cache=True,
-        )
-        names = [PREFILL] + [f"decode{i}" for i in range(steps)]
-        length = ids.shape[1]
-        for i, (step, out) in enumerate(zip(names, run.outputs, strict=True)):
-            ours[f"{step}/logits"] = out["logits"]
-            if "hidden_states" in out:  # a package with an MTP head: the head's input
-                ours[f"{step}/hidden_states"] = out["hidden_states"]
-            ref[f"{step}/logits"] = reference.logits.float().numpy()
-            for name, array in reference_cache_arrays(reference.cache, kinds).items():
-                ours[f"{step}/{name}"] = out[name]
-                ref[f"{step}/{name}"] = array
-            if i == steps:
-                break
-            length += 1
-            theirs = int(reference.logits[0, -1].argmax())
-            reference = model(
-                input_ids=torch.tensor([[theirs]]),
-                cache=reference.cache,
-                use_cache=True,
-                attention_mask=torch.ones(1, length, dtype=torch.long),
-                position_ids=torch.tensor([[length - 1]]),
-            )
+        prepared, run, names = _decode_both(session, model, media, image_tokens, steps, ours, ref)
         del model
     if (package_dir / GraphRole.MTP.file_name).is_file():
         from mobius_lite.evaluation.qualify_mtp import omni_heads
@@ -205,6 +130,111 @@ def omni_runs(
         say("running the MTP head and the reference head, then speculative decoding")
         facts["mtp"] = omni_heads(session, source_dir, prepared, run.tokens, ours, ref, names)
     return ours, ref, names, facts
+
+
+def _media_features(
+    session: Any,
+    model: Any,
+    media: dict[str, np.ndarray],
+    ours: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+) -> tuple[dict[str, Any], int]:
+    """The media encoders' features on both sides (into `ours` / `ref`, at the prefill step);
+    returns the EVS facts (retention masks equal, tokens kept) and the image token count."""
+    import torch
+    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
+        compute_retention_mask,
+    )
+
+    t = {k: torch.from_numpy(v) for k, v in media.items()}
+    image_features = session._run(
+        GraphRole.VISION_ENCODER,
+        {"pixel_values": media["pixel_values"], "image_grid_hw": media["image_grid_hw"]},
+    )[0]
+    ours[f"{PREFILL}/image_features"] = image_features
+    expected = model.get_image_features(t["pixel_values"], t["image_grid_hw"])
+    ref[f"{PREFILL}/image_features"] = torch.cat(expected.pooler_output).numpy()
+
+    video, keep = session._run(
+        GraphRole.VIDEO_ENCODER, {"pixel_values_videos": media["pixel_values_videos"]}
+    )
+    ours[f"{PREFILL}/video_features"] = video
+    (expected_video,) = model.get_video_features(t["pixel_values_videos"]).pooler_output
+    ref[f"{PREFILL}/video_features"] = expected_video.numpy()
+    tubelets = media["pixel_values_videos"].shape[1]
+    expected_keep = compute_retention_mask(expected_video, tubelets, model.video_pruning_rate)
+    facts: dict[str, Any] = {"evs_mask_equal": bool(np.array_equal(keep, expected_keep.numpy()))}
+    facts["evs_kept"] = [int(keep.sum()), int(expected_keep.sum())]
+
+    if session.config.has_audio:
+        ours[f"{PREFILL}/audio_features"] = session._run(
+            GraphRole.AUDIO_ENCODER,
+            {k: media[k] for k in ("input_features", "input_features_mask")},
+        )[0]
+        ref[f"{PREFILL}/audio_features"] = model.get_audio_features(
+            t["input_features"], t["input_features_mask"]
+        ).pooler_output.numpy()
+    return facts, len(image_features)
+
+
+def _decode_both(
+    session: Any,
+    model: Any,
+    media: dict[str, np.ndarray],
+    image_tokens: int,
+    steps: int,
+    ours: dict[str, np.ndarray],
+    ref: dict[str, np.ndarray],
+) -> tuple[Any, Any, list[str]]:
+    """A two-image prompt's prefill and `steps` cached greedy steps on both sides, each fed its
+    own previous token: the logits and every cache array into `ours` / `ref`. Returns the
+    package's prepared prompt, its greedy run and the step names."""
+    import torch
+
+    from mobius_lite.evaluation.cache_layout import reference_cache_arrays
+    from mobius_lite.omni_runtime import Media
+    from mobius_lite.runtime import greedy
+
+    config = session.config
+    kinds = [layer.kind for layer in config.text.layers]
+    pixels, grid = media["pixel_values"], media["image_grid_hw"]
+    ids = _prompt(config, image_tokens, seed=1)
+    prepared = session.prepare(ids, Media(pixel_values=pixels, image_grid_hw=grid))
+    run = greedy(
+        session.decoder,
+        prepared.inputs_embeds,
+        steps + 1,
+        next_input=session.embed_token,
+        prefill_logits=0,
+    )
+    reference = model(
+        input_ids=torch.from_numpy(ids),
+        pixel_values=torch.from_numpy(pixels),
+        image_grid_hw=torch.from_numpy(grid),
+        use_cache=True,
+    )
+    names = [PREFILL] + [f"decode{i}" for i in range(steps)]
+    length = ids.shape[1]
+    for i, (step, out) in enumerate(zip(names, run.outputs, strict=True)):
+        ours[f"{step}/logits"] = out["logits"]
+        if "hidden_states" in out:  # a package with an MTP head: the head's input
+            ours[f"{step}/hidden_states"] = out["hidden_states"]
+        ref[f"{step}/logits"] = reference.logits.float().numpy()
+        for name, array in reference_cache_arrays(reference.cache, kinds).items():
+            ours[f"{step}/{name}"] = out[name]
+            ref[f"{step}/{name}"] = array
+        if i == steps:
+            break
+        length += 1
+        theirs = int(reference.logits[0, -1].argmax())
+        reference = model(
+            input_ids=torch.tensor([[theirs]]),
+            cache=reference.cache,
+            use_cache=True,
+            attention_mask=torch.ones(1, length, dtype=torch.long),
+            position_ids=torch.tensor([[length - 1]]),
+        )
+    return prepared, run, names
 
 
 def qualify_omni_verdicts(
@@ -224,8 +254,10 @@ def qualify_omni_verdicts(
         with tempfile.TemporaryDirectory(prefix="mobius-dequantized-") as tmp:
             reference_dir = source_dir
             if recipes:  # the language model quantized at export: its dequantized weights
-                raw = read_config_json(source_dir)
-                reference_dir = write_dequantized_checkpoint(source_dir, recipes, raw, Path(tmp))
+                kind = source_kind(source_dir)
+                raw = kind.local_config(source_dir, None)
+                request = ReferenceRequest(source_dir, raw, Path(tmp), recipes=recipes)
+                reference_dir = kind.reference_checkpoint()(request)
             ours, ref, names, facts = omni_runs(package_dir, reference_dir, steps, providers, say)
     except Exception as exc:  # a run that breaks is evidence, reported, never a traceback
         reference = _raised_by_reference(exc)

@@ -7,23 +7,23 @@ value, computed apart from the export's own code:
 - int4 / int8: onnxruntime's `quantize_matmul_4bits` / `_8bits` (the quantizer onnxruntime-
   genai's builder calls), decoded as MatMulNBits defines it, (code - zero point) * scale.
 The copy is written as one FP32 safetensors file beside the config (as GGUF sources are,
-qualify_sources.py), and removed afterwards. The quantization's own error is then the package
+dense_reference.py), and removed afterwards. The quantization's own error is then the package
 against the unquantized source, which qualify reports as a separate, ungated figure.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mobius_lite.evaluation.dense_reference import DENSE_FILE
 from mobius_lite.formats.quantize.recipe import QuantType, Recipe
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.source_kinds import local_tensors
-
-DENSE_FILE = "model.safetensors"
 
 
 def dequantized(values: np.ndarray, recipe: Recipe) -> np.ndarray:
@@ -65,14 +65,21 @@ def _nbits_dequantized(rows: np.ndarray, recipe: Recipe) -> np.ndarray:
 
 
 def write_dequantized_checkpoint(
-    source: Path, recipes: dict[str, Recipe], raw_config: dict[str, Any], workdir: Path
+    source: Path,
+    recipes: dict[str, Recipe],
+    raw_config: dict[str, Any],
+    workdir: Path,
+    keep: Callable[[str], bool] | None = None,
 ) -> Path:
-    """`source` with each tensor of `recipes` dequantized, as an FP32 checkpoint in `workdir`."""
+    """`source` with each tensor of `recipes` dequantized, as an FP32 checkpoint in `workdir`
+    (`keep`: only the tensors whose name it accepts)."""
     from safetensors.numpy import save_file
 
     tensors = local_tensors(source)
     out: dict[str, np.ndarray] = {}
     for name in tensors.names():
+        if keep is not None and not keep(name):
+            continue
         values = np.asarray(tensors.read(name), dtype=np.float32)
         recipe = recipes.get(name)
         out[name] = dequantized(values, recipe) if recipe is not None else values

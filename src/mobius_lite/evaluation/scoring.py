@@ -146,70 +146,18 @@ def score_parity(
     instrumentation: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Every array present on both sides, compared against the fixed gates."""
-    step_index = {s: i for i, s in enumerate(steps)}
-    span = max(order.values(), default=0) + 1
-    problems: list[str] = []
-    comparisons: list[dict[str, Any]] = []
     shared = [k for k in actual if k in expected]
     routing_keys = [k for k in shared if family_of(split_key(k)[1]) == "routing_sets"]
     routing, weight_pairs = _routing(actual, expected, routing_keys)
-
-    def execution_key(name: str, step: str) -> int:
-        return step_index.get(step, len(steps)) * span + order.get(name, span)
-
-    def add(key: str, a: np.ndarray, e: np.ndarray) -> None:
-        step, name = split_key(key)
-        where = execution_key(name, step)
-        # contiguous first: float64 reductions then sum in one order, in memory or from npz
-        a, e = np.ascontiguousarray(a), np.ascontiguousarray(e)
-        try:
-            c = compare(key, a, e)
-        except ValueError as exc:
-            problems.append(str(exc))
-            comparisons.append(
-                {
-                    "name": key,
-                    "family": family_of(name),
-                    "shape": list(np.shape(a)),
-                    "finite": bool(np.isfinite(a).all()),
-                    "nrmse": float("inf"),
-                    "cosine": -1.0,
-                    "max_abs": float("inf"),
-                    "execution_order": where,
-                    "passed": False,
-                    "error": str(exc),
-                }
-            )
-            return
-        comparisons.append(_comparison_dict(c, where, c.passes(GATE_NRMSE, GATE_COSINE)))
-
-    for key in shared:
-        if family_of(split_key(key)[1]) in ("routing_sets", "routing_weights"):
-            continue
-        add(key, actual[key], expected[key])
-    for key, a, e in weight_pairs:
-        add(key, a, e)
+    pairs = [
+        (key, actual[key], expected[key])
+        for key in shared
+        if family_of(split_key(key)[1]) not in ("routing_sets", "routing_weights")
+    ]
+    comparisons, problems = _compare_pairs([*pairs, *weight_pairs], steps, order)
 
     one_sided = sorted(set(actual) ^ set(expected))
     missing_required = [k for k in one_sided if family_of(split_key(k)[1]) in REQUIRED_FAMILIES]
-    families: dict[str, dict[str, Any]] = {}
-    for c in comparisons:
-        f = families.setdefault(
-            c["family"],
-            {
-                "compared": 0,
-                "passed": 0,
-                "failed": 0,
-                "worst_nrmse": 0.0,
-                "min_cosine": 1.0,
-                "max_abs": 0.0,
-            },
-        )
-        f["compared"] += 1
-        f["passed" if c["passed"] else "failed"] += 1
-        f["worst_nrmse"] = max(f["worst_nrmse"], c["nrmse"])
-        f["min_cosine"] = min(f["min_cosine"], c["cosine"])
-        f["max_abs"] = max(f["max_abs"], c["max_abs"])
     failures = sorted(
         (c for c in comparisons if not c["passed"]), key=lambda c: c["execution_order"]
     )
@@ -222,7 +170,7 @@ def score_parity(
 
     evidence: dict[str, Any] = {
         "gates": GATES,
-        "families": families,
+        "families": _families(comparisons),
         "compared": len(comparisons),
         "failed": len(failures),
         "worst": worst,
@@ -253,15 +201,84 @@ def score_parity(
                 "decodes its own, different, greedy token)"
             )
         return Verdict(FAIL, summary, evidence)
-    worst_one = worst[0]
+    return Verdict(PASS, _pass_summary(worst[0], len(comparisons), not_compared), evidence)
+
+
+def _compare_pairs(
+    pairs: list[tuple[str, np.ndarray, np.ndarray]], steps: list[str], order: Mapping[str, int]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each (key, package array, reference array) against the gates, placed in execution order
+    (step by step, then the producing node's position): the comparisons, and the arrays that
+    could not be compared at all."""
+    step_index = {s: i for i, s in enumerate(steps)}
+    span = max(order.values(), default=0) + 1
+    comparisons: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for key, a, e in pairs:
+        step, name = split_key(key)
+        where = step_index.get(step, len(steps)) * span + order.get(name, span)
+        # contiguous first: float64 reductions then sum in one order, in memory or from npz
+        a, e = np.ascontiguousarray(a), np.ascontiguousarray(e)
+        try:
+            c = compare(key, a, e)
+        except ValueError as exc:
+            problems.append(str(exc))
+            comparisons.append(_incomparable(key, name, a, where, exc))
+            continue
+        comparisons.append(_comparison_dict(c, where, c.passes(GATE_NRMSE, GATE_COSINE)))
+    return comparisons, problems
+
+
+def _incomparable(key: str, name: str, a: np.ndarray, where: int, exc: Exception) -> dict[str, Any]:
+    """The failed comparison of two arrays `compare` refuses (e.g. shapes that differ)."""
+    return {
+        "name": key,
+        "family": family_of(name),
+        "shape": list(np.shape(a)),
+        "finite": bool(np.isfinite(a).all()),
+        "nrmse": float("inf"),
+        "cosine": -1.0,
+        "max_abs": float("inf"),
+        "execution_order": where,
+        "passed": False,
+        "error": str(exc),
+    }
+
+
+def _families(comparisons: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per array family: compared / passed / failed counts and the worst figures."""
+    families: dict[str, dict[str, Any]] = {}
+    for c in comparisons:
+        f = families.setdefault(
+            c["family"],
+            {
+                "compared": 0,
+                "passed": 0,
+                "failed": 0,
+                "worst_nrmse": 0.0,
+                "min_cosine": 1.0,
+                "max_abs": 0.0,
+            },
+        )
+        f["compared"] += 1
+        f["passed" if c["passed"] else "failed"] += 1
+        f["worst_nrmse"] = max(f["worst_nrmse"], c["nrmse"])
+        f["min_cosine"] = min(f["min_cosine"], c["cosine"])
+        f["max_abs"] = max(f["max_abs"], c["max_abs"])
+    return families
+
+
+def _pass_summary(
+    worst: dict[str, Any], compared: int, not_compared: Mapping[str, str] | None
+) -> str:
     summary = (
-        f"{len(comparisons)}/{len(comparisons)} arrays within the gates "
-        f"(worst {worst_one['name']}: NRMSE {worst_one['nrmse']:.1e}, "
-        f"cosine {worst_one['cosine']:.6f})"
+        f"{compared}/{compared} arrays within the gates "
+        f"(worst {worst['name']}: NRMSE {worst['nrmse']:.1e}, "
+        f"cosine {worst['cosine']:.6f})"
     )
     if not_compared:
         summary += f"; {len(not_compared)} arrays not compared (see not_compared)"
-    return Verdict(PASS, summary, evidence)
+    return summary
 
 
 def _inputs_differ_from(
