@@ -24,8 +24,8 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
 - An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
   written in its VLM layout, model.type "phi3v" with "vision" and "embedding" sections:
   0.18 then runs text prompts through embedding -> decoder, greedy tokens identical to
-  mobius_lite.omni_runtime (tests/test_genai.py). It has no RADIO processor: image prompts
-  must go through mobius_lite.omni_runtime / `mobius generate` (its phi3v pixel values do not
+  mobius_lite.run.omni_session (tests/test_genai.py). It has no RADIO processor: image prompts
+  must go through mobius_lite.run.omni_session / `mobius generate` (its phi3v pixel values do not
   fit the vision graph's inputs and are refused at run time, never silently misread).
 """
 
@@ -37,8 +37,7 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.layers import MTP_SCOPE
 from mobius_lite.enums import LayerKind, Precision, StateRole
 from mobius_lite.graphs.cache import cache_tensors
-from mobius_lite.graphs.decoder import HIDDEN_STATES
-from mobius_lite.graphs.mtp import MTP_HIDDEN_STATES
+from mobius_lite.io_contract import HIDDEN_STATES, MTP_HIDDEN_STATES
 
 MODEL_TYPE = "decoder"
 

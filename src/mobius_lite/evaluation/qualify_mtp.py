@@ -79,7 +79,7 @@ def run_heads(
     to FP32 first, the head's tensors only, with its config dict `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
-    from mobius_lite.speculative import MtpHead
+    from mobius_lite.run.mtp_head import MtpHead
 
     facts: dict[str, Any] = {
         "graph": GraphRole.MTP.file_name,
@@ -135,8 +135,8 @@ def run_heads(
 
 
 def _text_speculation(package_dir: Path, prompt: list[int], providers: list[str]) -> Speculate:
-    from mobius_lite.runtime import DecoderSession
-    from mobius_lite.speculative import speculative_greedy
+    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.speculative import speculative_greedy
 
     def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
         decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
@@ -160,7 +160,7 @@ def omni_heads(
     """run_heads for an Omni package (OmniSession `session`, its `prepared` prompt): the
     decoder is fed embeddings, the heads ids. Adds the head arrays to `ours` / `reference`
     and returns the facts."""
-    from mobius_lite.speculative import speculative_greedy
+    from mobius_lite.run.speculative import speculative_greedy
 
     def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
         drafted, stats = speculative_greedy(

@@ -38,7 +38,7 @@ PREFILL = "prefill"  # the media features are compared as part of the first step
 def _graph_validity(package_dir: Path, providers: list[str]) -> Verdict:
     import onnxruntime as ort
 
-    from mobius_lite.runtime import quiet_options
+    from mobius_lite.run.runtime import quiet_options
 
     manifest = json.loads((package_dir / MANIFEST_FILE).read_text())
     evidence: dict[str, Any] = {}
@@ -117,8 +117,8 @@ def omni_runs(
 
     from mobius_lite.evaluation.cache_layout import reference_cache_arrays
     from mobius_lite.evaluation.reference import load_reference, pinned_torch
-    from mobius_lite.omni_runtime import Media, OmniSession
-    from mobius_lite.runtime import greedy
+    from mobius_lite.run.omni_session import Media, OmniSession
+    from mobius_lite.run.runtime import greedy
 
     session = OmniSession(package_dir, providers)
     config = session.config

@@ -25,6 +25,7 @@ from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
 from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
+from mobius_lite.io_contract import AUDIO_FEATURES, IMAGE_FEATURES
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
     logits_from_embeddings,
@@ -51,8 +52,6 @@ from mobius_lite.weights.binding import (
 )
 
 IMAGE_TEXT_TO_TEXT = Task.IMAGE_TEXT_TO_TEXT.value
-IMAGE_FEATURES = "image_features"
-AUDIO_FEATURES = "audio_features"
 
 
 def _bind(
