@@ -62,8 +62,8 @@ def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Processed media of the shapes the processors produce: two images of different grids, a
     7-frame video (4 tubelets, so EVS ranks three of them; odd: the last frame repeats), and
     two audio clips of different lengths when the model has audio."""
-    from mobius_lite.models.omni_audio import OmniAudioConfig
-    from mobius_lite.models.omni_vision import OmniVisionConfig
+    from mobius_lite.configs.omni_audio import OmniAudioConfig
+    from mobius_lite.configs.omni_vision import OmniVisionConfig
 
     rng = np.random.default_rng(seed)
     vision = OmniVisionConfig.from_dict(config.raw)

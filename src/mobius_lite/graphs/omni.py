@@ -11,6 +11,9 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder, nn
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.configs.omni_audio import OmniAudioConfig
+from mobius_lite.configs.omni_vision import OmniVisionConfig
+from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.io_contract import (
     AUDIO_FEATURES,
@@ -23,8 +26,8 @@ from mobius_lite.io_contract import (
     VIDEO_FEATURES,
     VIDEO_RETENTION_MASK,
 )
-from mobius_lite.models.omni_audio import OmniAudioConfig, OmniAudioModel
-from mobius_lite.models.omni_vision import OmniVisionConfig, OmniVisionModel
+from mobius_lite.models.omni_audio import OmniAudioModel
+from mobius_lite.models.omni_vision import OmniVisionModel
 
 FLOAT = ir.DataType.FLOAT
 INT64 = ir.DataType.INT64
@@ -60,7 +63,7 @@ def build_video_graph(
     ctx = ctx or BuildContext.dense()
     spec = config.radio
     if spec.video_temporal_patch_size is None:
-        raise ValueError("the video graph needs vision_config.video_temporal_patch_size")
+        raise ConfigError("the video graph needs vision_config.video_temporal_patch_size")
     module = _formatted(OmniVisionModel(config, ctx), ctx)
     channels = spec.video_temporal_patch_size * spec.num_channels
     videos = graph_value(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.configs.omni import OmniConfig
+from mobius_lite.configs.omni_audio import ParakeetSpec
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import MobiusError
 from mobius_lite.io_contract import (
@@ -210,21 +211,23 @@ class OmniSession:
                 "this package has no audio encoder (its checkpoint had none): give no audio"
             )
 
+    def _audio_spec(self) -> ParakeetSpec:
+        """The audio tower's spec, parsed with the config at open; PlaceholderError for a
+        package without an audio encoder."""
+        self._require_audio()
+        if self.config.audio_tower is None:
+            raise PlaceholderError("this package's config.json has no audio_config: give no audio")
+        return self.config.audio_tower.encoder
+
     @property
     def audio_mel_bins(self) -> int:
         """Mel bins the audio encoder takes."""
-        from mobius_lite.models.omni_audio import OmniAudioConfig
-
-        self._require_audio()
-        return OmniAudioConfig.from_dict(self.config.raw).encoder.num_mel_bins
+        return self._audio_spec().num_mel_bins
 
     def audio_token_counts(self, input_features_mask: np.ndarray) -> list[int]:
         """Feature rows the audio encoder gives each clip: the subsampled length of its mask
         sum + 1, at most the padded batch's own subsampled length (as transformers keeps)."""
-        from mobius_lite.models.omni_audio import OmniAudioConfig
-
-        self._require_audio()
-        spec = OmniAudioConfig.from_dict(self.config.raw).encoder
+        spec = self._audio_spec()
         mask = np.asarray(input_features_mask)
         cap = spec.subsampled_length(mask.shape[1])
         return [min(spec.subsampled_length(int(n) + 1), cap) for n in mask.sum(-1)]
