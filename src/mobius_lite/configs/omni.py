@@ -85,13 +85,21 @@ class OmniConfig:
                 raise ConfigError(
                     f"{name} {token} is outside the vocabulary [0, {text.vocab_size})"
                 )
-        vision_tower = OmniVisionConfig.from_dict(config)
-        audio_tower = (
-            OmniAudioConfig.from_dict(config) if config.get("audio_config") is not None else None
-        )
+        vision_tower, audio_tower = _towers(config)
         return cls(
             config, text, image, config.get("video_token_id"), audio, vision_tower, audio_tower
         )
+
+
+def _towers(config: dict[str, Any]) -> tuple[OmniVisionConfig, OmniAudioConfig | None]:
+    """The vision tower's config and the audio tower's (None without audio_config); their
+    ConfigErrors say they come from the Omni config.json."""
+    try:
+        vision = OmniVisionConfig.from_dict(config)
+        has_audio = config.get("audio_config") is not None
+        return vision, OmniAudioConfig.from_dict(config) if has_audio else None
+    except ValueError as exc:  # a ConfigError, or a field that is not a number
+        raise ConfigError(f"Omni config.json: {exc}") from None
 
 
 def _text_of(config: ModelConfig) -> NemotronHConfig:
