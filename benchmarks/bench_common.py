@@ -76,7 +76,7 @@ def session_options(threads: int) -> Any:
 def open_package(package: Path, options: Any, model_file: Path | None = None) -> tuple[Any, float]:
     """(DecoderSession over the package's decoder, seconds its creation took); `model_file`:
     another decoder graph. The session reads its inputs' dtypes and cache shapes itself."""
-    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.run.runtime import DecoderSession
 
     start = time.perf_counter()
     session = DecoderSession(model_file or package / DECODER_FILE, session_options=options)

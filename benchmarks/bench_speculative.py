@@ -155,8 +155,9 @@ def modes(head_factory: Callable[[], Any]) -> dict[str, tuple[Any, int | None]]:
 
 
 def run_package(args: argparse.Namespace, package: Path) -> dict[str, Any]:
-    from mobius_lite.runtime import DecoderSession, greedy
-    from mobius_lite.speculative import open_head, speculative_greedy
+    from mobius_lite.run.mtp_head import open_head
+    from mobius_lite.run.runtime import DecoderSession, greedy
+    from mobius_lite.run.speculative import speculative_greedy
 
     decoder = DecoderSession(package / "model.onnx", session_options=session_options(args.threads))
 

@@ -49,7 +49,7 @@ def run(package: Path, prompt: np.ndarray, tokens: list[int] | None) -> list[np.
     """Logits at prefill and STEPS cached steps; fed `tokens` when given, else its own."""
     import onnxruntime as ort
 
-    from mobius_lite.runtime import DecoderSession, greedy
+    from mobius_lite.run.runtime import DecoderSession, greedy
 
     session = DecoderSession(
         package / DECODER_FILE,

@@ -105,7 +105,7 @@ def build(checkpoint: Path, out: Path, flags: list[str]) -> None:
 
 
 def logits(package: Path, provider: str, steps: int = 4) -> tuple[np.ndarray, list[int]]:
-    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.run.runtime import DecoderSession
 
     session = DecoderSession(package / "model.onnx", providers=[provider])
     session.reset(1)
@@ -149,7 +149,7 @@ def gates(name: str, actual: np.ndarray, expected: np.ndarray) -> dict[str, Any]
 
 def window_slots(packages: dict[str, Path]) -> list[dict[str, Any]]:
     """Check 1: the kernel route's windows and presents against the scan route's."""
-    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.run.runtime import DecoderSession
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, 80, size=(2, 9)).astype(np.int64)
@@ -169,8 +169,8 @@ def window_slots(packages: dict[str, Path]) -> list[dict[str, Any]]:
 
 def speculation(package: Path) -> list[dict[str, Any]]:
     """Check 2: speculative decoding on the kernel route against plain greedy decoding."""
-    from mobius_lite.runtime import DecoderSession
-    from mobius_lite.speculative import speculative_greedy
+    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.speculative import speculative_greedy
     from speculative_fixtures import ScriptedHead, plain_greedy
 
     results = []

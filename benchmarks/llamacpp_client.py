@@ -166,7 +166,7 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
 def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from mobius_lite.runtime import greedy
+    from mobius_lite.run.runtime import greedy
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

@@ -64,7 +64,7 @@ def self_generated_text(package: Path, sequences: int, seed: int, threads: int) 
     import torch
     from bench_common import session_options
 
-    from mobius_lite.runtime import DecoderSession
+    from mobius_lite.run.runtime import DecoderSession
 
     decoder = DecoderSession(package / "model.onnx", session_options=session_options(threads))
     rng = np.random.default_rng(seed)

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import Comparison, compare
-from mobius_lite.runtime import DecoderSession, cache_inputs
+from mobius_lite.run.runtime import DecoderSession, cache_inputs
 from mtp_reference import MTPHeadReference
 from nemotron_reference import make_reference, pinned_torch
 
@@ -128,7 +128,7 @@ def head_reference(
 
 
 class HeadSession:
-    """mtp.onnx with its own cache (the runtime side lives in runtime.py; this is the
+    """mtp.onnx with its own cache (the runtime side lives in run/speculative.py; this is the
     tests' minimal stepper)."""
 
     def __init__(self, path: Path, config: NemotronHConfig) -> None:

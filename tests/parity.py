@@ -14,7 +14,7 @@ import mobius_lite
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import Comparison, compare
-from mobius_lite.runtime import DecoderSession
+from mobius_lite.run.runtime import DecoderSession
 from nemotron_reference import make_reference, pinned_torch, reference_cache_arrays
 
 

@@ -20,7 +20,7 @@ from PIL import Image
 
 from mobius_lite.cli.main import main
 from mobius_lite.layout import DECODER_FILE
-from mobius_lite.runtime import DecoderSession, greedy
+from mobius_lite.run.runtime import DecoderSession, greedy
 from nemotron_reference import pinned_torch
 
 PROMPT, DECODE, ROUNDS = 6, 4, 2
@@ -189,7 +189,7 @@ def omni_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_omni_package_times_its_encoders_and_decodes_like_generate(
     omni_package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mobius_lite.omni_runtime import OmniSession
+    from mobius_lite.run.omni_session import OmniSession
 
     out = tmp_path / "bench.json"
     code, stdout, err = bench([str(omni_package), *SMALL, "--json", str(out)], capsys)

@@ -43,7 +43,7 @@ from mobius_lite.formats.ggml.qmoe import QMoEExperts
 from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
-from mobius_lite.runtime import DecoderSession
+from mobius_lite.run.runtime import DecoderSession
 from nemotron_reference import make_reference
 
 QTYPE = GGMLQuantizationType

@@ -21,7 +21,7 @@ from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.layout import DECODER_FILE
-from mobius_lite.runtime import DecoderSession
+from mobius_lite.run.runtime import DecoderSession
 
 LAYERS = ("mamba", "moe", "attention", "mlp", "moe", "mamba")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mobius_lite.draft_control import DraftController
+from mobius_lite.run.draft_control import DraftController
 
 
 def expected_rate(a: float, k: int, d1: float, dk: float, h: float) -> float:

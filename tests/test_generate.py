@@ -219,7 +219,7 @@ def test_empty_omni_prompt_is_one_line(package, capsys, extra) -> None:
 
 def test_empty_omni_prompt_in_the_api(package) -> None:
     from mobius_lite.errors import ConfigError
-    from mobius_lite.omni_runtime import OmniSession
+    from mobius_lite.run.omni_session import OmniSession
 
     _, root = package
     session = OmniSession(root / "pkg")

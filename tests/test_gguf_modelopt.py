@@ -18,7 +18,7 @@ from gguf_nvfp4_fixtures import write_modelopt_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, Comparison, compare
-from mobius_lite.runtime import DecoderSession
+from mobius_lite.run.runtime import DecoderSession
 
 # Every linear's input width a whole number of NVFP4 superblocks (64): hidden, d_inner,
 # heads x head_dim, expert and shared widths.

@@ -15,7 +15,17 @@ ROOT = Path(mobius_lite.__file__).parent
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("enums", "errors", "layout", "sizes", "hashing", "registry", "version", "optional"),
+    (
+        "enums",
+        "errors",
+        "io_contract",
+        "layout",
+        "sizes",
+        "hashing",
+        "registry",
+        "version",
+        "optional",
+    ),
     ("formats",),
     ("sources",),
     ("configs",),
@@ -24,17 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("source_kinds",),
     ("graphs",),
     ("weights",),
-    (
-        "package",
-        "package_reader",
-        "genai_config",
-        "runtime",
-        "omni_runtime",
-        "speculative",
-        "draft_control",
-        "media",
-        "routes",
-    ),
+    ("package", "genai_config", "run", "media", "routes"),
     ("tasks",),
     ("build", "demo"),
     ("evaluation",),

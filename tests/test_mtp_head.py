@@ -416,8 +416,9 @@ def test_lightning_speculation_keeps_the_greedy_tokens(tmp_path: Path) -> None:
     """The depth-2 head drafts K=2 chained tokens a round; the tokens are plain greedy's."""
     import numpy as np
 
-    from mobius_lite.runtime import DecoderSession, greedy
-    from mobius_lite.speculative import open_head, speculative_greedy
+    from mobius_lite.run.mtp_head import open_head
+    from mobius_lite.run.runtime import DecoderSession, greedy
+    from mobius_lite.run.speculative import speculative_greedy
     from mtp_fixtures import write_lightning_checkpoint
 
     checkpoint, _, _ = write_lightning_checkpoint(tmp_path / "checkpoint")

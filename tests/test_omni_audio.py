@@ -16,11 +16,11 @@ from transformers.models.parakeet.feature_extraction_parakeet import ParakeetFea
 
 from formats.emit_harness import run_emitter
 from mobius_lite.components.context import BuildContext
-from mobius_lite.components.parakeet import ParakeetSpec, subsampled_lengths
+from mobius_lite.components.parakeet import subsampled_lengths
+from mobius_lite.configs.omni_audio import OmniAudioConfig, ParakeetSpec
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.graphs.omni import build_audio_graph
 from mobius_lite.media.audio_features import LogMelConfig, log_mel_features, mel_filters
-from mobius_lite.models.omni_audio import OmniAudioConfig
 from omni_audio_fixtures import (
     SMALL_AUDIO,
     WIDER_AUDIO,

@@ -1,6 +1,6 @@
 """The Omni package end to end: `mobius build` on a saved tiny transformers Omni checkpoint
 (RADIO with registers and class tokens, EVS, a Parakeet audio tower, a hybrid text model) gives
-separate graphs whose chained run (mobius_lite.omni_runtime) equals transformers'
+separate graphs whose chained run (mobius_lite.run.omni_session) equals transformers'
 NemotronH_Omni_Reasoning_V3 (torch FP32): image / video / audio features, the EVS mask, the merged
 embeddings, and prefill + 5 cached decode steps (logits and every cache array within the
 foundation gates, greedy tokens identical)."""
@@ -26,7 +26,7 @@ from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
 from mobius_lite.cli.main import main
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.graphs.decoder import build_decoder
-from mobius_lite.omni_runtime import Media, OmniSession, PlaceholderError
+from mobius_lite.run.omni_session import Media, OmniSession, PlaceholderError
 from mobius_lite.weights.binding import graph_parameters
 from mobius_lite.weights.verify import verify_package
 from nemotron_reference import TINY_BASE, pinned_torch, randomize, reference_cache_arrays

@@ -20,11 +20,9 @@ from mobius_lite.components.context import BuildContext
 from mobius_lite.components.evs import retention_mask
 from mobius_lite.components.projector import pixel_shuffle, pixel_shuffle_order
 from mobius_lite.components.radio import interpolate_position_embedding
+from mobius_lite.configs.omni_vision import OmniVisionConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.graphs.omni import build_video_graph, build_vision_graph
-from mobius_lite.models.omni_vision import (
-    OmniVisionConfig,
-)
 from omni_fixtures import (
     TEMPORAL,
     make_omni,

@@ -27,7 +27,7 @@ from safetensors.numpy import load_file
 from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.formats.quantize.ggml_rows import QUANTIZERS
-from mobius_lite.runtime import DecoderSession
+from mobius_lite.run.runtime import DecoderSession
 from mobius_lite.weights.verify import verify_package
 from nemotron_reference import make_reference
 

@@ -18,11 +18,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import mobius_lite
 from mobius_lite.cli.main import main
-from mobius_lite.draft_control import DraftController
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-from mobius_lite.runtime import DecoderSession, greedy
-from mobius_lite.speculative import MtpHead, open_head, speculative_greedy
+from mobius_lite.run.draft_control import DraftController
+from mobius_lite.run.mtp_head import MtpHead, open_head
+from mobius_lite.run.runtime import DecoderSession, greedy
+from mobius_lite.run.speculative import speculative_greedy
 from mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
 from nemotron_reference import make_reference
 from speculative_fixtures import ScriptedHead, plain_greedy

@@ -10,8 +10,9 @@ import torch
 
 import mobius_lite
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-from mobius_lite.omni_runtime import Media, OmniSession
-from mobius_lite.speculative import open_head, speculative_greedy
+from mobius_lite.run.mtp_head import open_head
+from mobius_lite.run.omni_session import Media, OmniSession
+from mobius_lite.run.speculative import speculative_greedy
 from mtp_fixtures import write_omni_mtp_checkpoint
 from omni_fixtures import pack_images
 from speculative_fixtures import plain_greedy

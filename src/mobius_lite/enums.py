@@ -8,6 +8,8 @@ import enum
 import numpy as np
 import onnx_ir as ir
 
+from mobius_lite import io_contract
+
 
 class LayerKind(str, enum.Enum):
     """What a Nemotron-H block mixes with. Values are the transformers 5.x spellings."""
@@ -41,15 +43,15 @@ class StateRole(str, enum.Enum):
     RECURRENT = "recurrent_state"
 
     def past_name(self, layer: int | str) -> str:
-        return f"past_key_values.{layer}.{self.value}"
+        return io_contract.past_name(layer, self.value)
 
     def present_name(self, layer: int | str) -> str:
-        return f"present.{layer}.{self.value}"
+        return io_contract.present_name(layer, self.value)
 
     def window_name(self, layer: int | str) -> str:
         """The decoder output holding this state after each position of a short call
         (Mamba states of a speculative verifying call, components/state_window.py)."""
-        return f"present_window.{layer}.{self.value}"
+        return io_contract.window_name(layer, self.value)
 
 
 class GraphRole(str, enum.Enum):

@@ -24,8 +24,8 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
 - An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
   written in its VLM layout, model.type "phi3v" with "vision" and "embedding" sections:
   0.18 then runs text prompts through embedding -> decoder, greedy tokens identical to
-  mobius_lite.omni_runtime (tests/test_genai.py). It has no RADIO processor: image prompts
-  must go through mobius_lite.omni_runtime / `mobius generate` (its phi3v pixel values do not
+  mobius_lite.run.omni_session (tests/test_genai.py). It has no RADIO processor: image prompts
+  must go through mobius_lite.run.omni_session / `mobius generate` (its phi3v pixel values do not
   fit the vision graph's inputs and are refused at run time, never silently misread).
 """
 
@@ -37,8 +37,17 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.layers import MTP_SCOPE
 from mobius_lite.enums import LayerKind, Precision, StateRole
 from mobius_lite.graphs.cache import cache_tensors
-from mobius_lite.graphs.decoder import HIDDEN_STATES
-from mobius_lite.graphs.mtp import MTP_HIDDEN_STATES
+from mobius_lite.io_contract import (
+    ATTENTION_MASK,
+    HIDDEN_STATES,
+    IMAGE_FEATURES,
+    IMAGE_GRID_HW,
+    INPUT_IDS,
+    INPUTS_EMBEDS,
+    LOGITS,
+    MTP_HIDDEN_STATES,
+    PIXEL_VALUES,
+)
 
 MODEL_TYPE = "decoder"
 
@@ -132,15 +141,15 @@ def genai_config(
         "num_key_value_heads": head.num_kv_heads if head else 1,
         "num_hidden_layers": config.num_hidden_layers,
         "inputs": {
-            "input_ids": "input_ids",
-            "attention_mask": "attention_mask",
+            "input_ids": INPUT_IDS,
+            "attention_mask": ATTENTION_MASK,
             "past_key_names": _template(StateRole.KEY, present=False),
             "past_value_names": _template(StateRole.VALUE, present=False),
             "past_conv_names": _template(StateRole.CONV, present=False),
             "past_recurrent_names": _template(StateRole.RECURRENT, present=False),
         },
         "outputs": {
-            "logits": "logits",
+            "logits": LOGITS,
             "present_key_names": _template(StateRole.KEY, present=True),
             "present_value_names": _template(StateRole.VALUE, present=True),
             "present_conv_names": _template(StateRole.CONV, present=True),
@@ -153,7 +162,7 @@ def genai_config(
     if "embedding" in sections:
         model_type = VLM_MODEL_TYPE
         del decoder["inputs"]["input_ids"]
-        decoder["inputs"]["inputs_embeds"] = "inputs_embeds"
+        decoder["inputs"]["inputs_embeds"] = INPUTS_EMBEDS
     elif mtp_filename is not None and config.has_mtp_head:
         decoder["outputs"]["hidden_states"] = HIDDEN_STATES
         sections["mtp"] = mtp_section(config, mtp_filename)
@@ -180,12 +189,12 @@ def genai_config(
 # genai's key -> the package's name, for the keys its schema knows (others are parse errors)
 SECTION_KEYS = {
     "vision": (
-        {"pixel_values": "pixel_values", "image_sizes": "image_grid_hw"},
-        {"image_features": "image_features"},
+        {"pixel_values": PIXEL_VALUES, "image_sizes": IMAGE_GRID_HW},
+        {"image_features": IMAGE_FEATURES},
     ),
     "embedding": (
-        {"input_ids": "input_ids", "image_features": "image_features"},
-        {"inputs_embeds": "inputs_embeds"},
+        {"input_ids": INPUT_IDS, "image_features": IMAGE_FEATURES},
+        {"inputs_embeds": INPUTS_EMBEDS},
     ),
 }
 
@@ -219,14 +228,14 @@ def mtp_section(config: NemotronHConfig, filename: str) -> dict[str, Any]:
         "head_size": attention.head_dim,
         "main_hidden_states": HIDDEN_STATES,
         "inputs": {
-            "input_ids": "input_ids",
+            "input_ids": INPUT_IDS,
             "hidden_states": HIDDEN_STATES,
-            "attention_mask": "attention_mask",
+            "attention_mask": ATTENTION_MASK,
             "past_key_names": _template(StateRole.KEY, present=False, scope=MTP_SCOPE),
             "past_value_names": _template(StateRole.VALUE, present=False, scope=MTP_SCOPE),
         },
         "outputs": {
-            "logits": "logits",
+            "logits": LOGITS,
             "hidden_states": MTP_HIDDEN_STATES,
             "present_key_names": _template(StateRole.KEY, present=True, scope=MTP_SCOPE),
             "present_value_names": _template(StateRole.VALUE, present=True, scope=MTP_SCOPE),
@@ -256,8 +265,8 @@ def mtp_head_overlay(config: NemotronHConfig, filename: str) -> dict[str, Any]:
                 "num_key_value_heads": attention.num_kv_heads,
                 "num_hidden_layers": len(config.mtp_layers),
                 "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
+                    "input_ids": INPUT_IDS,
+                    "attention_mask": ATTENTION_MASK,
                     "hidden_states": HIDDEN_STATES,
                     "past_key_names": scoped[StateRole.KEY][0],
                     "past_value_names": scoped[StateRole.VALUE][0],
@@ -265,7 +274,7 @@ def mtp_head_overlay(config: NemotronHConfig, filename: str) -> dict[str, Any]:
                     "past_recurrent_names": scoped[StateRole.RECURRENT][0],
                 },
                 "outputs": {
-                    "logits": "logits",
+                    "logits": LOGITS,
                     "hidden_states": "",
                     "present_key_names": scoped[StateRole.KEY][1],
                     "present_value_names": scoped[StateRole.VALUE][1],

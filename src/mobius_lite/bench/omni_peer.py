@@ -11,9 +11,9 @@ import numpy as np
 from mobius_lite.bench.measure import Tick, Timed, timed_call
 from mobius_lite.bench.package_peer import argmax_last, session_options
 from mobius_lite.enums import GraphRole
-from mobius_lite.omni_runtime import OmniSession
-from mobius_lite.package_reader import PackageFiles
-from mobius_lite.runtime import create_session, input_dtypes, session_providers
+from mobius_lite.run.omni_session import OmniSession
+from mobius_lite.run.package_reader import PackageFiles
+from mobius_lite.run.runtime import create_session, input_dtypes, session_providers
 
 ENCODERS = (GraphRole.VISION_ENCODER, GraphRole.VIDEO_ENCODER, GraphRole.AUDIO_ENCODER)
 IMAGE_SIDE, VIDEO_SIDE, VIDEO_FRAMES, AUDIO_FRAMES = 512, 256, 8, 1000  # 1000 frames: 10 s

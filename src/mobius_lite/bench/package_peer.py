@@ -10,8 +10,8 @@ import numpy as np
 
 from mobius_lite.bench.measure import Tick, Timed, timed_call
 from mobius_lite.enums import GraphRole
-from mobius_lite.package_reader import PackageFiles
-from mobius_lite.runtime import DecoderSession, ort_module, session_providers, token_input
+from mobius_lite.run.package_reader import PackageFiles
+from mobius_lite.run.runtime import DecoderSession, ort_module, session_providers, token_input
 
 
 def session_options(threads: int) -> Any:

@@ -130,7 +130,7 @@ def _peers(args: argparse.Namespace) -> tuple:
     from mobius_lite.bench.llamacpp_peer import LlamaCppPeer, check_gguf
     from mobius_lite.bench.package_peer import package_peer
     from mobius_lite.bench.transformers_peer import TransformersPeer, check_checkpoint
-    from mobius_lite.package_reader import open_package
+    from mobius_lite.run.package_reader import open_package
 
     _check_counts(args)
     files = open_package(Path(args.package))

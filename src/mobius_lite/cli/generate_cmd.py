@@ -100,8 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.configs.model_types import model_type_of
     from mobius_lite.enums import Task
-    from mobius_lite.package_reader import open_package
-    from mobius_lite.runtime import check_runnable, session_providers, stop_token_ids
+    from mobius_lite.run.package_reader import open_package
+    from mobius_lite.run.runtime import check_runnable, session_providers, stop_token_ids
     from mobius_lite.sources.config_json import read_config_json
 
     package = Path(args.package)
@@ -206,8 +206,9 @@ def context_length(package: Path) -> int | None:
 
 
 def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], printer) -> None:
-    from mobius_lite.runtime import DecoderSession, greedy_tokens
-    from mobius_lite.speculative import open_head, speculative_greedy
+    from mobius_lite.run.mtp_head import open_head
+    from mobius_lite.run.runtime import DecoderSession, greedy_tokens
+    from mobius_lite.run.speculative import speculative_greedy
 
     head = open_head(decoder_file.parent, providers) if args.speculative else None
     if head is not None:
@@ -230,7 +231,7 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
     from mobius_lite.media.audio_file import load_wav
     from mobius_lite.media.image import ImageProcessorConfig, load_image, preprocess
     from mobius_lite.media.prompt import expand
-    from mobius_lite.omni_runtime import Media, OmniSession
+    from mobius_lite.run.omni_session import Media, OmniSession
 
     session = OmniSession(package, providers)
     media = Media()

@@ -221,7 +221,7 @@ def inspect_package(target: str | Path) -> dict[str, Any]:
     elif target.is_dir():
         root, models = target, _package_models(target)
         if not models:
-            from mobius_lite.package_reader import not_a_package_hint
+            from mobius_lite.run.package_reader import not_a_package_hint
 
             hint = not_a_package_hint(target)
             if hint:
@@ -419,7 +419,7 @@ def incomplete_files(report: dict[str, Any]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Print the report; then, for an incomplete package, one error line (exit status 2): the
     report still describes it, but nothing can run it."""
-    from mobius_lite.package_reader import incomplete_package, read_package
+    from mobius_lite.run.package_reader import incomplete_package, read_package
 
     report = inspect_package(args.package)
     text = json.dumps(report, indent=2) if args.json else format_report(report, args.verbose)

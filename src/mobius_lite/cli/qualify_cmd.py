@@ -10,8 +10,8 @@ from mobius_lite.cli.source_args import add_source_arguments, resolve_source
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.qualify import DEFAULT_STEPS
 from mobius_lite.optional import require
-from mobius_lite.package_reader import open_package
 from mobius_lite.routes import EXECUTION_PROVIDERS
+from mobius_lite.run.package_reader import open_package
 
 EPILOG = textwrap.dedent(
     """\
@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.evaluation.qualify import parse_prompt_ids, qualify, rescore
     from mobius_lite.evaluation.qualify_report import format_table
-    from mobius_lite.runtime import check_runnable
+    from mobius_lite.run.runtime import check_runnable
 
     if args.rescore:
         if args.package or args.source or args.overwrite:

@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mobius_lite.package_reader import open_package
+    from mobius_lite.run.package_reader import open_package
     from mobius_lite.weights.verify import verify_package
 
     open_package(args.package)  # every file there and complete, before the source is resolved

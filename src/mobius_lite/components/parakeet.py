@@ -10,9 +10,7 @@ flattened rows [batch * time, hidden]. `lengths` are int64 [batch] valid frame c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -23,118 +21,16 @@ from mobius_lite.components.common import FLOAT, cast_to, to_float32
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.radio import LayerNorm, ints
+from mobius_lite.configs.omni_audio import ParakeetSpec
 
 INT64 = ir.DataType.INT64
 BATCH_NORM_EPS = 1e-5  # torch.nn.BatchNorm1d's default; the reference never sets it
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default; the reference never sets it
-_ACTIVATIONS = ("silu", "swish", "relu", "gelu", "gelu_pytorch_tanh")
 _LOWEST = {
     ir.DataType.FLOAT: float(np.finfo(np.float32).min),
     ir.DataType.FLOAT16: float(np.finfo(np.float16).min),
     ir.DataType.BFLOAT16: float(ml_dtypes.finfo(ml_dtypes.bfloat16).min),
 }
-
-
-@dataclass(frozen=True)
-class ParakeetSpec:
-    """What the graph needs from a ParakeetEncoderConfig (transformers' field names)."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    hidden_act: str
-    attention_bias: bool
-    convolution_bias: bool
-    conv_kernel_size: int
-    subsampling_layers: int  # log2(subsampling_factor) stride convs
-    subsampling_channels: int
-    subsampling_kernel_size: int
-    subsampling_stride: int
-    num_mel_bins: int
-    scale_input: bool
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    def subsampled_length(self, frames: int) -> int:
-        """Host-side twin of subsampled_lengths(): frames after every stride conv."""
-        k, s = self.subsampling_kernel_size, self.subsampling_stride
-        for _ in range(self.subsampling_layers):
-            frames = (frames + 2 * ((k - 1) // 2) - k) // s + 1
-        return frames
-
-    @property
-    def subsampled_mel_bins(self) -> int:
-        return self.num_mel_bins // self.subsampling_stride**self.subsampling_layers
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> ParakeetSpec:
-        """Validate a ParakeetEncoderConfig dict (its own defaults); errors name the field."""
-        defaults = dict(
-            hidden_size=1024,
-            num_hidden_layers=24,
-            num_attention_heads=8,
-            intermediate_size=4096,
-            hidden_act="silu",
-            attention_bias=True,
-            convolution_bias=True,
-            conv_kernel_size=9,
-            subsampling_factor=8,
-            subsampling_conv_channels=256,
-            num_mel_bins=80,
-            subsampling_conv_kernel_size=3,
-            subsampling_conv_stride=2,
-            scale_input=True,
-        )
-        c = {**defaults, **{k: v for k, v in config.items() if v is not None}}
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-        if hidden % heads:
-            raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads")
-        if c.get("head_dim") not in (None, hidden // heads):
-            raise ValueError("head_dim must be hidden_size / num_attention_heads")
-        factor = int(c["subsampling_factor"])
-        if factor < 2 or factor & (factor - 1):
-            raise ValueError(f"subsampling_factor={factor} is not a power of 2")
-        kernel = int(c["conv_kernel_size"])
-        if kernel % 2 == 0:
-            raise ValueError(f"conv_kernel_size={kernel} must be odd ('same' padding)")
-        act = str(c["hidden_act"])
-        if act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act={act!r} is not one of {_ACTIVATIONS}")
-        spec = cls(
-            hidden_size=hidden,
-            num_layers=int(c["num_hidden_layers"]),
-            num_heads=heads,
-            intermediate_size=int(c["intermediate_size"]),
-            hidden_act=act,
-            attention_bias=bool(c["attention_bias"]),
-            convolution_bias=bool(c["convolution_bias"]),
-            conv_kernel_size=kernel,
-            subsampling_layers=int(math.log2(factor)),
-            subsampling_channels=int(c["subsampling_conv_channels"]),
-            subsampling_kernel_size=int(c["subsampling_conv_kernel_size"]),
-            subsampling_stride=int(c["subsampling_conv_stride"]),
-            num_mel_bins=int(c["num_mel_bins"]),
-            scale_input=bool(c["scale_input"]),
-        )
-        bins = spec.num_mel_bins
-        for _ in range(spec.subsampling_layers):
-            bins = spec.conv_length(bins)
-        if bins != spec.subsampled_mel_bins:
-            # the reference sizes subsampling.linear from num_mel_bins // stride**layers
-            raise ValueError(
-                f"num_mel_bins={spec.num_mel_bins} subsamples to {bins} bins, not "
-                f"{spec.subsampled_mel_bins}: use a multiple of "
-                f"{spec.subsampling_stride**spec.subsampling_layers}"
-            )
-        return spec
-
-    def conv_length(self, length: int) -> int:
-        """One stride conv of the subsampling on a length (python ints)."""
-        k, s = self.subsampling_kernel_size, self.subsampling_stride
-        return (length + 2 * ((k - 1) // 2) - k) // s + 1
 
 
 def subsampled_lengths(

@@ -15,9 +15,8 @@ transformers' save_pretrained writes it; the task sets `layer_scale` from the ch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
@@ -25,77 +24,10 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.components.common import cast_to, to_float32
 from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
+from mobius_lite.configs.omni_vision import GELU_APPROXIMATION, RadioSpec
 
 INT64 = ir.DataType.INT64
 BOOL = ir.DataType.BOOL
-
-# hidden_act spellings -> the ONNX Gelu approximation attribute
-_GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
-
-
-@dataclass(frozen=True)
-class RadioSpec:
-    """The vision tower's hyperparameters, read from a RadioConfig dict (its field names)."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    hidden_act: str
-    layer_norm_eps: float
-    qkv_bias: bool
-    use_swiglu_ffn: bool
-    patch_size: int
-    num_channels: int
-    max_grid: int  # position-table side: max_img_size // patch_size
-    num_prefix_tokens: int  # cls + register tokens before each image's patches
-    video_temporal_patch_size: int | None
-    layer_scale: bool = False  # the checkpoint holds layer_scale{1,2}.lambda1
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        return self.num_channels * self.patch_size**2
-
-    @classmethod
-    def from_dict(
-        cls, config: Mapping[str, Any], default_temporal_patch_size: int | None = None
-    ) -> RadioSpec:
-        """Validate a RadioConfig-shaped dict (missing fields take RadioConfig's defaults)."""
-        hidden = int(config.get("hidden_size", 1280))
-        heads = int(config.get("num_attention_heads", 16))
-        ratio = float(config.get("mlp_ratio", 4.0))
-        swiglu = bool(config.get("use_swiglu_ffn", False))
-        act = str(config.get("hidden_act", "gelu"))
-        intermediate = int(hidden * ratio)
-        if swiglu:
-            # RadioSwiGLUFFN keeps two thirds of the MLP width, rounded up to a multiple of 8
-            intermediate = (int(intermediate * 2 / 3) + 7) // 8 * 8
-        elif act not in _GELU_APPROXIMATION:
-            raise ValueError(f"vision_config.hidden_act={act!r} is not supported")
-        if hidden % heads:
-            raise ValueError("vision_config.hidden_size must be a multiple of num_attention_heads")
-        patch = int(config.get("patch_size", 16))
-        temporal = config.get("video_temporal_patch_size", default_temporal_patch_size)
-        return cls(
-            hidden_size=hidden,
-            num_layers=int(config.get("num_hidden_layers", 32)),
-            num_heads=heads,
-            intermediate_size=intermediate,
-            hidden_act=act,
-            layer_norm_eps=float(config.get("layer_norm_eps", 1e-6)),
-            qkv_bias=bool(config.get("qkv_bias", True)),
-            use_swiglu_ffn=swiglu,
-            patch_size=patch,
-            num_channels=int(config.get("num_channels", 3)),
-            max_grid=int(config.get("max_img_size", 2048)) // patch,
-            num_prefix_tokens=int(config.get("num_cls_tokens", 3))
-            + int(config.get("num_registers", 7)),
-            video_temporal_patch_size=None if temporal is None else int(temporal),
-        )
 
 
 def ints(op: OpBuilder, *values: int) -> ir.Value:
@@ -346,7 +278,7 @@ class RadioMLP(nn.Module):
 
     def __init__(self, spec: RadioSpec, ctx: BuildContext) -> None:
         super().__init__()
-        self.approximate = _GELU_APPROXIMATION[spec.hidden_act]
+        self.approximate = GELU_APPROXIMATION[spec.hidden_act]
         self.fc1 = Linear(spec.hidden_size, spec.intermediate_size, True, ctx)
         self.fc2 = Linear(spec.intermediate_size, spec.hidden_size, True, ctx)
 

@@ -1,8 +1,9 @@
 """The Nemotron-H Omni config (transformers 5.x `nemotron_h_omni`; released legacy names too):
-the decoder's text config, the placeholder token ids and the raw tower configs.
+the decoder's text config, the placeholder token ids and the towers' configs.
 
-The towers' own specs are resolved by their modules (components/radio.py, parakeet.py); this
-module resolves what the package and the host runtime need, raising ConfigError early.
+Everything is resolved here once, when config.json is parsed (the build's parse, an
+OmniSession's open): the towers' specs by configs/omni_vision.py and omni_audio.py, every
+error a ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from mobius_lite.configs.loader import decoder_type, load_text_config
 from mobius_lite.configs.model_type import ModelConfig, ModelType
 from mobius_lite.configs.nemotron_h import NemotronHConfig
+from mobius_lite.configs.omni_audio import OmniAudioConfig
+from mobius_lite.configs.omni_vision import OmniVisionConfig
 from mobius_lite.enums import Task
 from mobius_lite.errors import ConfigError
 
@@ -41,17 +44,19 @@ def modern_omni_dict(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class OmniConfig:
-    """What the Omni package needs beyond the towers' own configs."""
+    """The Omni config: the decoder's text config, the towers' configs, the placeholder ids."""
 
     raw: dict[str, Any]  # modern field names
     text: NemotronHConfig
     image_token_id: int
     video_token_id: int | None
     audio_token_id: int | None
+    vision_tower: OmniVisionConfig
+    audio_tower: OmniAudioConfig | None  # None: the checkpoint has no audio tower
 
     @property
     def has_audio(self) -> bool:
-        return self.raw.get("audio_config") is not None
+        return self.audio_tower is not None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OmniConfig:
@@ -80,7 +85,21 @@ class OmniConfig:
                 raise ConfigError(
                     f"{name} {token} is outside the vocabulary [0, {text.vocab_size})"
                 )
-        return cls(config, text, image, config.get("video_token_id"), audio)
+        vision_tower, audio_tower = _towers(config)
+        return cls(
+            config, text, image, config.get("video_token_id"), audio, vision_tower, audio_tower
+        )
+
+
+def _towers(config: dict[str, Any]) -> tuple[OmniVisionConfig, OmniAudioConfig | None]:
+    """The vision tower's config and the audio tower's (None without audio_config); their
+    ConfigErrors say they come from the Omni config.json."""
+    try:
+        vision = OmniVisionConfig.from_dict(config)
+        has_audio = config.get("audio_config") is not None
+        return vision, OmniAudioConfig.from_dict(config) if has_audio else None
+    except ValueError as exc:  # a ConfigError, or a field that is not a number
+        raise ConfigError(f"Omni config.json: {exc}") from None
 
 
 def _text_of(config: ModelConfig) -> NemotronHConfig:

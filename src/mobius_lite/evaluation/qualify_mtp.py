@@ -77,7 +77,7 @@ def run_heads(
     dict `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
-    from mobius_lite.speculative import MtpHead
+    from mobius_lite.run.mtp_head import MtpHead
 
     facts: dict[str, Any] = {
         "graph": GraphRole.MTP.file_name,
@@ -134,8 +134,8 @@ def run_heads(
 
 
 def _text_speculation(package_dir: Path, prompt: list[int], providers: list[str]) -> Speculate:
-    from mobius_lite.runtime import DecoderSession
-    from mobius_lite.speculative import speculative_greedy
+    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.speculative import speculative_greedy
 
     def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
         decoder = DecoderSession(package_dir / GraphRole.DECODER.file_name, providers)
@@ -159,7 +159,7 @@ def omni_heads(
     """run_heads for an Omni package (OmniSession `session`, its `prepared` prompt): the
     decoder is fed embeddings, the heads ids. Adds the head arrays to `ours` / `reference`
     and returns the facts."""
-    from mobius_lite.speculative import speculative_greedy
+    from mobius_lite.run.speculative import speculative_greedy
 
     def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:
         drafted, stats = speculative_greedy(

@@ -38,7 +38,7 @@ PREFILL = "prefill"  # the media features are compared as part of the first step
 def _graph_validity(package_dir: Path, providers: list[str]) -> Verdict:
     import onnxruntime as ort
 
-    from mobius_lite.runtime import quiet_options
+    from mobius_lite.run.runtime import quiet_options
 
     manifest = json.loads((package_dir / MANIFEST_FILE).read_text())
     evidence: dict[str, Any] = {}
@@ -62,8 +62,8 @@ def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Processed media of the shapes the processors produce: two images of different grids, a
     7-frame video (4 tubelets, so EVS ranks three of them; odd: the last frame repeats), and
     two audio clips of different lengths when the model has audio."""
-    from mobius_lite.models.omni_audio import OmniAudioConfig
-    from mobius_lite.models.omni_vision import OmniVisionConfig
+    from mobius_lite.configs.omni_audio import OmniAudioConfig
+    from mobius_lite.configs.omni_vision import OmniVisionConfig
 
     rng = np.random.default_rng(seed)
     vision = OmniVisionConfig.from_dict(config.raw)
@@ -111,7 +111,7 @@ def omni_runs(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str], dict[str, Any]]:
     """Both sides' arrays (by step/name), the step names, and facts (EVS masks equal)."""
     from mobius_lite.evaluation.reference import load_reference, pinned_torch
-    from mobius_lite.omni_runtime import OmniSession
+    from mobius_lite.run.omni_session import OmniSession
 
     session = OmniSession(package_dir, providers)
     media = synthetic_media(session.config)
@@ -192,8 +192,8 @@ def _decode_both(
     import torch
 
     from mobius_lite.evaluation.cache_layout import reference_cache_arrays
-    from mobius_lite.omni_runtime import Media
-    from mobius_lite.runtime import greedy
+    from mobius_lite.run.omni_session import Media
+    from mobius_lite.run.runtime import greedy
 
     config = session.config
     kinds = [layer.kind for layer in config.text.layers]

@@ -1,7 +1,9 @@
 """The decoder's cache ABI: which past/present tensors exist, with names, dtypes and shapes.
 
 One function derives it from the per-layer specs; the graph builder, genai_config writer,
-qualification harness and tests all read it from here.
+qualification harness and tests all read it from here. The names themselves (the
+past_key_values. / present. / present_window. prefixes) are spelled in io_contract.py, through
+StateRole, which the runtime pairs inputs with outputs by.
 """
 
 from __future__ import annotations

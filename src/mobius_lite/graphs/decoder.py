@@ -12,11 +12,16 @@ from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors
+from mobius_lite.io_contract import (
+    ATTENTION_MASK,
+    HIDDEN_STATES,
+    INPUT_IDS,
+    INPUTS_EMBEDS,
+    LAYER_HIDDEN_PREFIX,
+    LOGITS,
+    LOGITS_TO_KEEP,
+)
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
-
-LOGITS_TO_KEEP = "logits_to_keep"
-# The decoder's final-normed hidden state, the MTP head's input (packages with a head).
-HIDDEN_STATES = "hidden_states"
 
 
 def logits_to_keep_input() -> ir.Value:
@@ -67,10 +72,10 @@ def build_decoder(
     apply_weight_formats(module, ctx)
 
     if inputs_embeds:
-        tokens = graph_value("inputs_embeds", dtype, (BATCH, "sequence", config.hidden_size))
+        tokens = graph_value(INPUTS_EMBEDS, dtype, (BATCH, "sequence", config.hidden_size))
     else:
-        tokens = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
-    mask = graph_value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
+        tokens = graph_value(INPUT_IDS, ir.DataType.INT64, (BATCH, "sequence"))
+    mask = graph_value(ATTENTION_MASK, ir.DataType.INT64, (BATCH, "total_sequence"))
     cache = cache_tensors(config.layers, dtype)
     past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
     keep = logits_to_keep_input()
@@ -80,7 +85,7 @@ def build_decoder(
     builder = GraphBuilder(graph)
     logits, presents, layer_outputs, final = module(builder.op, tokens, mask, past, keep)
 
-    logits.name = "logits"
+    logits.name = LOGITS
     logits.type = ir.TensorType(ir.DataType.FLOAT)
     logits.shape = ir.Shape([BATCH, "logits_sequence", config.vocab_size])
     outputs = [logits, *cache_outputs(builder, presents, cache, [logits])]
@@ -95,7 +100,7 @@ def build_decoder(
     if hidden_state_outputs:
         for i, hidden in enumerate(layer_outputs):
             exposed = builder.op.Identity(hidden)
-            exposed.name = f"hidden_states.{i}"
+            exposed.name = f"{LAYER_HIDDEN_PREFIX}{i}"
             exposed.type = ir.TensorType(dtype)
             exposed.shape = ir.Shape(["rows", config.hidden_size])
             outputs.append(exposed)

@@ -19,6 +19,7 @@ from mobius_lite.components.linear import Embedding
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH
+from mobius_lite.io_contract import INPUT_IDS, INPUTS_EMBEDS
 
 
 class _Backbone(nn.Module):
@@ -64,7 +65,7 @@ def build_embedding_graph(
     ctx = ctx or BuildContext.dense()
     module = _EmbeddingModel(config, ctx)
     apply_weight_formats(module, ctx)
-    ids = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
+    ids = graph_value(INPUT_IDS, ir.DataType.INT64, (BATCH, "sequence"))
     features = [
         (graph_value(name, ctx.dtype, (f"{name}_rows", config.hidden_size)), token)
         for name, token in (media or {}).items()
@@ -72,5 +73,5 @@ def build_embedding_graph(
     graph = new_graph("embedding", [ids, *(f for f, _ in features)])
     embeds = module(GraphBuilder(graph).op, ids, features)
     shape = [BATCH, "sequence", config.hidden_size]
-    graph.outputs.append(name_output(embeds, "inputs_embeds", ctx.dtype, shape))
+    graph.outputs.append(name_output(embeds, INPUTS_EMBEDS, ctx.dtype, shape))
     return to_model(graph)

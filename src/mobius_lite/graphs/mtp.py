@@ -12,10 +12,14 @@ from mobius_lite.enums import DraftHead
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, mtp_cache_tensors
-from mobius_lite.graphs.decoder import HIDDEN_STATES
+from mobius_lite.io_contract import (
+    ATTENTION_MASK,
+    HIDDEN_STATES,
+    INPUT_IDS,
+    LOGITS,
+    MTP_HIDDEN_STATES,
+)
 from mobius_lite.models.nemotron_h_mtp import NemotronHMTPForCausalLM
-
-MTP_HIDDEN_STATES = "mtp_hidden_states"
 
 
 def build_mtp(
@@ -37,9 +41,9 @@ def build_mtp(
     apply_weight_formats(module, ctx)
 
     hidden = config.hidden_size
-    ids = graph_value("input_ids", ir.DataType.INT64, (BATCH, "sequence"))
+    ids = graph_value(INPUT_IDS, ir.DataType.INT64, (BATCH, "sequence"))
     states = graph_value(HIDDEN_STATES, dtype, (BATCH, "sequence", hidden))
-    mask = graph_value("attention_mask", ir.DataType.INT64, (BATCH, "total_sequence"))
+    mask = graph_value(ATTENTION_MASK, ir.DataType.INT64, (BATCH, "total_sequence"))
     cache = mtp_cache_tensors(config, dtype)
     past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
 
@@ -48,7 +52,7 @@ def build_mtp(
     logits, presents, head_hidden = module(op, ids, states, mask, past)
 
     outputs = [
-        name_output(logits, "logits", ir.DataType.FLOAT, (BATCH, "sequence", config.vocab_size))
+        name_output(logits, LOGITS, ir.DataType.FLOAT, (BATCH, "sequence", config.vocab_size))
     ]
     for c in cache:
         outputs.append(

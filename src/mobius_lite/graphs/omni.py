@@ -11,9 +11,23 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder, nn
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.configs.omni_audio import OmniAudioConfig
+from mobius_lite.configs.omni_vision import OmniVisionConfig
+from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
-from mobius_lite.models.omni_audio import OmniAudioConfig, OmniAudioModel
-from mobius_lite.models.omni_vision import OmniVisionConfig, OmniVisionModel
+from mobius_lite.io_contract import (
+    AUDIO_FEATURES,
+    IMAGE_FEATURES,
+    IMAGE_GRID_HW,
+    INPUT_FEATURES,
+    INPUT_FEATURES_MASK,
+    PIXEL_VALUES,
+    PIXEL_VALUES_VIDEOS,
+    VIDEO_FEATURES,
+    VIDEO_RETENTION_MASK,
+)
+from mobius_lite.models.omni_audio import OmniAudioModel
+from mobius_lite.models.omni_vision import OmniVisionModel
 
 FLOAT = ir.DataType.FLOAT
 INT64 = ir.DataType.INT64
@@ -31,12 +45,12 @@ def build_vision_graph(
     """pixel_values [total_patches, 3 p p] + image_grid_hw [images, 2] -> image_features."""
     ctx = ctx or BuildContext.dense()
     module = _formatted(OmniVisionModel(config, ctx), ctx)
-    pixels = graph_value("pixel_values", FLOAT, ["total_patches", config.radio.patch_dim])
-    grid = graph_value("image_grid_hw", INT64, ["num_images", 2])
+    pixels = graph_value(PIXEL_VALUES, FLOAT, ["total_patches", config.radio.patch_dim])
+    grid = graph_value(IMAGE_GRID_HW, INT64, ["num_images", 2])
     graph = new_graph("omni_vision", [pixels, grid])
     features = module(GraphBuilder(graph).op, pixels, grid)
     shape = ["num_image_tokens", config.text_hidden_size]
-    graph.outputs.append(name_output(features, "image_features", ctx.dtype, shape))
+    graph.outputs.append(name_output(features, IMAGE_FEATURES, ctx.dtype, shape))
     return to_model(graph)
 
 
@@ -49,11 +63,11 @@ def build_video_graph(
     ctx = ctx or BuildContext.dense()
     spec = config.radio
     if spec.video_temporal_patch_size is None:
-        raise ValueError("the video graph needs vision_config.video_temporal_patch_size")
+        raise ConfigError("the video graph needs vision_config.video_temporal_patch_size")
     module = _formatted(OmniVisionModel(config, ctx), ctx)
     channels = spec.video_temporal_patch_size * spec.num_channels
     videos = graph_value(
-        "pixel_values_videos", FLOAT, ["num_videos", "num_tubelets", channels, "height", "width"]
+        PIXEL_VALUES_VIDEOS, FLOAT, ["num_videos", "num_tubelets", channels, "height", "width"]
     )
     graph = new_graph("omni_video", [videos])
     op = GraphBuilder(graph).op
@@ -63,9 +77,9 @@ def build_video_graph(
     finally:
         op.builder.pop_module()
     tokens = ["num_video_tokens", config.text_hidden_size]
-    graph.outputs.append(name_output(features, "video_features", ctx.dtype, tokens))
+    graph.outputs.append(name_output(features, VIDEO_FEATURES, ctx.dtype, tokens))
     graph.outputs.append(
-        name_output(mask, "video_retention_mask", ir.DataType.BOOL, ["num_video_tokens"])
+        name_output(mask, VIDEO_RETENTION_MASK, ir.DataType.BOOL, ["num_video_tokens"])
     )
     return to_model(graph)
 
@@ -78,12 +92,10 @@ def build_audio_graph(
     audio_features (every clip's kept tokens, clip after clip)."""
     ctx = ctx or BuildContext.dense()
     module = _formatted(OmniAudioModel(config, ctx), ctx)
-    features = graph_value(
-        "input_features", FLOAT, ["clips", "frames", config.encoder.num_mel_bins]
-    )
-    mask = graph_value("input_features_mask", INT64, ["clips", "frames"])
+    features = graph_value(INPUT_FEATURES, FLOAT, ["clips", "frames", config.encoder.num_mel_bins])
+    mask = graph_value(INPUT_FEATURES_MASK, INT64, ["clips", "frames"])
     graph = new_graph("omni_audio", [features, mask])
     out = module(GraphBuilder(graph).op, features, mask)
     shape = ["num_audio_tokens", config.text_hidden_size]
-    graph.outputs.append(name_output(out, "audio_features", ctx.dtype, shape))
+    graph.outputs.append(name_output(out, AUDIO_FEATURES, ctx.dtype, shape))
     return to_model(graph)

@@ -1,6 +1,7 @@
 """Nemotron-H Omni's vision side: C-RADIO tower + optional final LayerNorm + pixel shuffle +
 projector, as onnxscript modules named like transformers' NemotronH_Omni_Reasoning_V3
-(vision_model.*, vision_final_layernorm.*, multi_modal_projector.*), and its two graphs.
+(vision_model.*, vision_final_layernorm.*, multi_modal_projector.*); its config:
+configs/omni_vision.py.
 
 Image graph: pixel_values FP32 [total_patches, 3 * p * p] (normalised, channel-major patches, as
 the image processor emits them) + image_grid_hw int64 [num_images, 2] -> image_features
@@ -10,10 +11,6 @@ and video_retention_mask bool [num_video_tokens] (EVS; all True when video_pruni
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
@@ -26,58 +23,14 @@ from mobius_lite.components.radio import (
     LayerNorm,
     PackedGrids,
     RadioModel,
-    RadioSpec,
     UniformGrid,
     empty_rows,
     ints,
 )
+from mobius_lite.configs.omni_vision import OmniVisionConfig
 
 FLOAT = ir.DataType.FLOAT
 INT64 = ir.DataType.INT64
-
-
-@dataclass(frozen=True)
-class OmniVisionConfig:
-    """What the vision graphs need from an Omni config.json (transformers' field names; the
-    released legacy names llm_config / vit_hidden_size are accepted too)."""
-
-    radio: RadioSpec
-    downsample_factor: int  # 1 / downsample_ratio
-    projector_hidden_size: int
-    text_hidden_size: int
-    final_layernorm: bool  # the language model has MTP layers (Megatron adds the norm then)
-    video_pruning_rate: float
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> OmniVisionConfig:
-        """Validate the fields of an Omni config dict; errors name the field."""
-        text = config.get("text_config", config.get("llm_config"))
-        if not isinstance(text, Mapping):
-            raise ValueError("text_config (or llm_config) is missing")
-        temporal = int(config.get("video_temporal_patch_size", 2))
-        radio = RadioSpec.from_dict(config.get("vision_config") or {}, temporal)
-        if radio.video_temporal_patch_size != temporal:
-            raise ValueError(
-                "vision_config.video_temporal_patch_size and video_temporal_patch_size differ"
-            )
-        vision_hidden = int(config.get("vision_hidden_size", config.get("vit_hidden_size", 1280)))
-        if vision_hidden != radio.hidden_size:
-            raise ValueError("vision_hidden_size must equal vision_config.hidden_size")
-        ratio = float(config.get("downsample_ratio", 0.5))
-        factor = round(1 / ratio)
-        if factor < 1 or abs(factor * ratio - 1) > 1e-9:
-            raise ValueError(f"downsample_ratio={ratio} is not 1 / an integer")
-        rate = float(config.get("video_pruning_rate", 0.0))
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"video_pruning_rate={rate} is outside [0, 1)")
-        return cls(
-            radio=radio,
-            downsample_factor=factor,
-            projector_hidden_size=int(config.get("projector_hidden_size", 4096)),
-            text_hidden_size=int(text["hidden_size"]),
-            final_layernorm=int(text.get("num_nextn_predict_layers", 0) or 0) > 0,
-            video_pruning_rate=rate,
-        )
 
 
 class OmniVisionModel(nn.Module):

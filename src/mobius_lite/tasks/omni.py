@@ -20,24 +20,22 @@ import onnx_ir as ir
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs.omni import OmniConfig
 from mobius_lite.enums import GraphRole, Task
-from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
 from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
+from mobius_lite.io_contract import AUDIO_FEATURES, IMAGE_FEATURES
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
     logits_from_embeddings,
     unused_tensor_rules,
 )
-from mobius_lite.models.omni_audio import OmniAudioConfig
 from mobius_lite.models.omni_names import (
     LANGUAGE_MODEL,
     OMNI_UNUSED,
     LanguageModelNames,
     OmniTowerNames,
 )
-from mobius_lite.models.omni_vision import OmniVisionConfig
 from mobius_lite.package import GraphRecord
 from mobius_lite.routes import check_source_dtypes
 from mobius_lite.sources.base import TensorSource
@@ -51,8 +49,6 @@ from mobius_lite.weights.binding import (
 )
 
 IMAGE_TEXT_TO_TEXT = Task.IMAGE_TEXT_TO_TEXT.value
-IMAGE_FEATURES = "image_features"
-AUDIO_FEATURES = "audio_features"
 
 
 def _bind(
@@ -109,16 +105,13 @@ def omni_graphs(
     # the table stays dense in the build's precision (a lookup, no matmul)
     embedding = build_embedding_graph(text, BuildContext.dense(options.precision), media)
 
-    try:
-        vision = OmniVisionConfig.from_dict(config.raw)
-        # LayerScale exactly when the checkpoint holds it (see components/radio.py)
-        if any(n.endswith(".layer_scale1.lambda1") for n in available):
-            vision = dataclasses.replace(
-                vision, radio=dataclasses.replace(vision.radio, layer_scale=True)
-            )
-        audio = OmniAudioConfig.from_dict(config.raw) if config.has_audio else None
-    except ValueError as exc:
-        raise ConfigError(f"Omni config.json: {exc}") from None
+    vision = config.vision_tower
+    # LayerScale exactly when the checkpoint holds it (see components/radio.py)
+    if any(n.endswith(".layer_scale1.lambda1") for n in available):
+        vision = dataclasses.replace(
+            vision, radio=dataclasses.replace(vision.radio, layer_scale=True)
+        )
+    audio = config.audio_tower
     tower_names = OmniTowerNames()
     ctx = options.build_context(source, tower_names)
     towers = [

@@ -18,11 +18,24 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.configs.omni import OmniConfig
+from mobius_lite.configs.omni_audio import ParakeetSpec
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import MobiusError
+from mobius_lite.io_contract import (
+    AUDIO_FEATURES,
+    IMAGE_FEATURES,
+    IMAGE_GRID_HW,
+    INPUT_FEATURES,
+    INPUT_FEATURES_MASK,
+    INPUT_IDS,
+    INPUTS_EMBEDS,
+    PIXEL_VALUES,
+    PIXEL_VALUES_VIDEOS,
+)
 from mobius_lite.layout import CONFIG_FILE
-from mobius_lite.package_reader import open_package
-from mobius_lite.runtime import (
+from mobius_lite.run.mtp_head import open_head
+from mobius_lite.run.package_reader import open_package
+from mobius_lite.run.runtime import (
     CPU,
     DecoderSession,
     Generation,
@@ -33,11 +46,12 @@ from mobius_lite.runtime import (
     input_dtypes,
     stop_token_ids,
 )
+from mobius_lite.run.speculative import (
+    SpeculationOptions,
+    SpeculationStats,
+    speculative_greedy,
+)
 from mobius_lite.sources.config_json import read_config_json
-from mobius_lite.speculative import SpeculationStats, open_head, speculative_greedy
-
-IMAGE_FEATURES = "image_features"
-AUDIO_FEATURES = "audio_features"
 
 
 class PlaceholderError(MobiusError, ValueError):
@@ -98,7 +112,7 @@ class OmniSession:
                 for n in (IMAGE_FEATURES, AUDIO_FEATURES)
                 if n in self.embedding_inputs
             ),
-            self.decoder.inputs.get("inputs_embeds", np.dtype(np.float32)),
+            self.decoder.inputs.get(INPUTS_EMBEDS, np.dtype(np.float32)),
         )
 
     def _graph(self, role: GraphRole) -> Any:
@@ -154,12 +168,12 @@ class OmniSession:
                 )
             features[IMAGE_FEATURES] = self._run(
                 GraphRole.VISION_ENCODER,
-                {"pixel_values": media.pixel_values, "image_grid_hw": grid},
+                {PIXEL_VALUES: media.pixel_values, IMAGE_GRID_HW: grid},
             )[0]
         if media.pixel_values_videos is not None:
             video, keep = self._run(
                 GraphRole.VIDEO_ENCODER,
-                {"pixel_values_videos": media.pixel_values_videos},
+                {PIXEL_VALUES_VIDEOS: media.pixel_values_videos},
             )
             positions = np.flatnonzero(ids[0] == image_token)
             _check_count("video", image_token, len(positions), video.shape[0])
@@ -175,8 +189,8 @@ class OmniSession:
             features[AUDIO_FEATURES] = self._run(
                 GraphRole.AUDIO_ENCODER,
                 {
-                    "input_features": media.input_features,
-                    "input_features_mask": np.asarray(mask, np.int64),
+                    INPUT_FEATURES: media.input_features,
+                    INPUT_FEATURES_MASK: np.asarray(mask, np.int64),
                 },
             )[0]
         _check_count(
@@ -197,21 +211,23 @@ class OmniSession:
                 "this package has no audio encoder (its checkpoint had none): give no audio"
             )
 
+    def _audio_spec(self) -> ParakeetSpec:
+        """The audio tower's spec, parsed with the config at open; PlaceholderError for a
+        package without an audio encoder."""
+        self._require_audio()
+        if self.config.audio_tower is None:
+            raise PlaceholderError("this package's config.json has no audio_config: give no audio")
+        return self.config.audio_tower.encoder
+
     @property
     def audio_mel_bins(self) -> int:
         """Mel bins the audio encoder takes."""
-        from mobius_lite.models.omni_audio import OmniAudioConfig
-
-        self._require_audio()
-        return OmniAudioConfig.from_dict(self.config.raw).encoder.num_mel_bins
+        return self._audio_spec().num_mel_bins
 
     def audio_token_counts(self, input_features_mask: np.ndarray) -> list[int]:
         """Feature rows the audio encoder gives each clip: the subsampled length of its mask
         sum + 1, at most the padded batch's own subsampled length (as transformers keeps)."""
-        from mobius_lite.models.omni_audio import OmniAudioConfig
-
-        self._require_audio()
-        spec = OmniAudioConfig.from_dict(self.config.raw).encoder
+        spec = self._audio_spec()
         mask = np.asarray(input_features_mask)
         cap = spec.subsampled_length(mask.shape[1])
         return [min(spec.subsampled_length(int(n) + 1), cap) for n in mask.sum(-1)]
@@ -221,7 +237,7 @@ class OmniSession:
         features = features or {}
         ids = np.asarray(ids, np.int64)
         self.decoder.check_ids(ids)
-        feeds = {"input_ids": ids}
+        feeds = {INPUT_IDS: ids}
         for name in (IMAGE_FEATURES, AUDIO_FEATURES):
             if name in self.embedding_inputs:
                 feeds[name] = features.get(name, self._empty())
@@ -283,21 +299,19 @@ class OmniSession:
         keep_outputs: bool = True,
     ) -> tuple[list[int], list[dict[str, np.ndarray]], SpeculationStats]:
         """`generate`'s greedy tokens, drafted `k` at a time by the package's MTP head and
-        verified by the decoder (speculative.py); every decoder call's outputs (none unless
+        verified by the decoder (run/speculative.py); every decoder call's outputs (none unless
         `keep_outputs`); also the draft counts."""
-        head = open_head(self.directory, self.providers)
+        head = open_head(self.files, self.providers)
         prepared = self.prepare(input_ids, media)
         outputs: list[dict[str, np.ndarray]] = []
-        tokens, stats = speculative_greedy(
-            self.decoder,
-            head,
-            prepared.input_ids,
-            max_new_tokens,
-            k,
+        options = SpeculationOptions(
             prompt_input=prepared.inputs_embeds,
             decoder_input=self.embed,
             stops=self.stop_tokens if stop_at_eos else (),
             outputs=outputs if keep_outputs else None,
+        )
+        tokens, stats = speculative_greedy(
+            self.decoder, head, prepared.input_ids, max_new_tokens, k, options
         )
         return tokens[0], outputs, stats
 

@@ -19,16 +19,21 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mobius_lite.errors import ConfigError, PackageError
+from mobius_lite.io_contract import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    INPUTS_EMBEDS,
+    LOGITS,
+    LOGITS_TO_KEEP,
+    PAST_PREFIX,
+    present_of,
+    window_of,
+)
 from mobius_lite.optional import require
-from mobius_lite.package_reader import PackageFiles
+from mobius_lite.run.package_reader import PackageFiles
 
 CPU = "CPUExecutionProvider"
 PROVIDERS = {"cpu": [CPU], "cuda": ["CUDAExecutionProvider", CPU]}
-LOGITS_TO_KEEP = "logits_to_keep"  # graphs/decoder.py's optional input (the I/O contract)
-PAST_PREFIX = "past_key_values."
-PRESENT_PREFIX = "present."
-# A Mamba state after each position of a short call (graphs/decoder.py speculation_window).
-WINDOW_PREFIX = "present_window."
 # onnxruntime's type strings for the element types a package's inputs use.
 _ORT_TYPES = {
     "tensor(float)": np.float32,
@@ -89,7 +94,7 @@ def cache_inputs(session: Any) -> list[CacheInput]:
     for i in session.get_inputs():
         if not i.name.startswith(PAST_PREFIX):
             continue
-        present = PRESENT_PREFIX + i.name[len(PAST_PREFIX) :]
+        present = present_of(i.name)
         if present not in outputs:
             raise PackageError(f"the decoder has a cache input {i.name} but no output {present}")
         found.append(CacheInput(i.name, present, numpy_dtype(i.type), tuple(i.shape)))
@@ -299,16 +304,16 @@ class DecoderSession(CachedSession):
         session_options: Any = None,
     ) -> None:
         super().__init__(model, providers, session_options)
-        logits = next((o for o in self.session.get_outputs() if o.name == "logits"), None)
+        logits = next((o for o in self.session.get_outputs() if o.name == LOGITS), None)
         last = logits.shape[-1] if logits is not None and logits.shape else None
         self.vocab_size: int | None = last if isinstance(last, int) else None
         # Per cache input, the output holding its state after each position of a short call
         # (packages built with a speculation window; Mamba states only).
         outputs = set(self.output_names)
         self.windows = {
-            c.past_name: WINDOW_PREFIX + c.past_name[len(PAST_PREFIX) :]
+            c.past_name: window_of(c.past_name)
             for c in self.cache
-            if WINDOW_PREFIX + c.past_name[len(PAST_PREFIX) :] in outputs
+            if window_of(c.past_name) in outputs
         }
         # Packages exported before the input existed have no logits_to_keep.
         self.keeps_logits = LOGITS_TO_KEEP in self.inputs or LOGITS_TO_KEEP in {
@@ -336,7 +341,7 @@ class DecoderSession(CachedSession):
         """
         tokens = np.asarray(tokens)
         embeds = np.issubdtype(tokens.dtype, np.floating) or tokens.ndim == 3
-        name = "inputs_embeds" if embeds else "input_ids"
+        name = INPUTS_EMBEDS if embeds else INPUT_IDS
         if name not in self.inputs:
             given = "embeddings" if embeds else "token ids"
             raise ConfigError(f"this decoder takes no {name}; it was given {given}")
@@ -353,7 +358,7 @@ class DecoderSession(CachedSession):
         assert self.mask is not None
         self.call_start = self.mask.shape[1]  # positions before this call (keep_prefix)
         self.mask = np.concatenate([self.mask, new_mask], axis=1)
-        feeds = {name: tokens, "attention_mask": self.mask, **self.past}
+        feeds = {name: tokens, ATTENTION_MASK: self.mask, **self.past}
         if logits_to_keep and self.keeps_logits:
             feeds[LOGITS_TO_KEEP] = np.array(logits_to_keep, dtype=np.int64)
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
@@ -460,7 +465,7 @@ def greedy_tokens(
     while True:
         if outputs is not None:
             outputs.append(out)
-        token = int(np.argmax(out["logits"][0, -1]))
+        token = int(np.argmax(out[LOGITS][0, -1]))
         del out  # the logits and presents of this call (the decoder keeps the presents)
         made += 1
         yield token

@@ -1,0 +1,114 @@
+"""The package's multi-token-prediction head as a draft head (mtp.onnx, docs/decoder_contract.md).
+
+MtpHead is an onnxruntime session over the head graph that carries the head's own KV cache
+and can cut it back to a prefix; DraftHead is what the speculative loop (speculative.py)
+needs from any draft head. open_head finds the head's graph file in the package's manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from mobius_lite.enums import GraphRole
+from mobius_lite.errors import ConfigError, PackageError
+from mobius_lite.io_contract import (
+    ATTENTION_MASK,
+    HIDDEN_STATES,
+    INPUT_IDS,
+    LOGITS,
+    MTP_HIDDEN_STATES,
+)
+from mobius_lite.run.package_reader import PackageFiles, open_package
+from mobius_lite.run.runtime import CachedSession
+
+
+class DraftHead(Protocol):
+    """What the speculative loop needs from a draft head: a cache it can cut back."""
+
+    @property
+    def length(self) -> int:
+        """Positions held in the head's cache."""
+        ...
+
+    def reset(self, batch: int) -> None: ...
+
+    def step(
+        self, input_ids: np.ndarray, hidden_states: np.ndarray, attention_mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Run positions (token t+1, decoder hidden at t); returns (logits, mtp_hidden_states),
+        both [batch, seq, ...], and keeps the new positions in the cache."""
+        ...
+
+    def truncate(self, length: int) -> None:
+        """Drop the cache's positions from `length` on."""
+        ...
+
+
+class MtpHead(CachedSession):
+    """An onnxruntime session over a package's mtp.onnx that carries the head's KV cache.
+
+    Cache inputs and element types are read from the session (runtime.cache_inputs), so an
+    FP16 head gets FP16 hidden states.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | bytes,
+        providers: list[str] | None = None,
+        session_options: Any = None,
+    ) -> None:
+        super().__init__(model, providers, session_options)
+        wanted = {INPUT_IDS, HIDDEN_STATES, ATTENTION_MASK} - set(self.inputs)
+        wanted |= {LOGITS, MTP_HIDDEN_STATES} - set(self.output_names)
+        if wanted or not self.cache:
+            where = "the head graph" if isinstance(model, bytes) else str(model)
+            missing = ", ".join(sorted(wanted)) or "a past_key_values.mtp.* cache input"
+            raise PackageError(
+                f"{where} lacks {missing} of the MTP head contract (docs/decoder_contract.md); "
+                "rebuild the package with this version of mobius"
+            )
+        self.mask = np.zeros((0, 0), dtype=np.int64)
+
+    @property
+    def length(self) -> int:
+        return int(self.mask.shape[1])
+
+    def step(
+        self, input_ids: np.ndarray, hidden_states: np.ndarray, attention_mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        self.mask = np.concatenate([self.mask, np.asarray(attention_mask, np.int64)], axis=1)
+        feeds = {
+            INPUT_IDS: np.asarray(input_ids, np.int64),
+            HIDDEN_STATES: np.asarray(hidden_states).astype(self.inputs[HIDDEN_STATES], copy=False),
+            ATTENTION_MASK: self.mask,
+            **self.past,
+        }
+        results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
+        self.past = {c.past_name: results[c.present_name] for c in self.cache}
+        return results[LOGITS], results[MTP_HIDDEN_STATES]
+
+    def truncate(self, length: int) -> None:
+        # the head's caches are attention K/V: [batch, kv_heads, sequence, head_dim]
+        self.past = {name: value[:, :, :length] for name, value in self.past.items()}
+        self.mask = self.mask[:, :length]
+
+
+def open_head(
+    package: PackageFiles | str | Path,
+    providers: list[str] | None = None,
+    session_options: Any = None,
+) -> MtpHead:
+    """The package's MTP head, its graph file as the manifest lists it (a directory is read
+    with open_package first); a ConfigError naming the fix when the package has none."""
+    files = package if isinstance(package, PackageFiles) else open_package(package)
+    path = files.graphs.get(GraphRole.MTP.value)
+    if path is None:
+        raise ConfigError(
+            f"{files.directory} has no {GraphRole.MTP.file_name}: its checkpoint has no "
+            "multi-token-prediction head, so it cannot draft; decode without speculation "
+            "(no --speculative; in Python, run.runtime.greedy)"
+        )
+    return MtpHead(path, providers, session_options)
