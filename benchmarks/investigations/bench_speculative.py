@@ -1,5 +1,5 @@
 """Speculative greedy decoding on the "mid" model (hidden 1024, 64 experts, vocabulary 32,000;
-benchmarks/bench_mid.py's widths in bench_gguf.py's pattern ME*MEME*ME, which llama.cpp can
+benchmarks/common.py (MID)'s widths in bench_gguf.py's pattern ME*MEME*ME, which llama.cpp can
 load, with a one-layer MTP head), where a decoder step is memory-bound: what speculation
 gains over plain greedy decoding, and what a draft costs.
 
@@ -11,7 +11,7 @@ Modes, each over the whole `speculative_greedy` call (prefill included; a 32-tok
 48 new tokens by default; median over --rounds, the modes' order rotating every round):
   - plain: runtime.greedy;
   - scripted p=P k=K: a drafter that proposes the decoder's true continuation with
-    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; tests/speculative_fixtures.ScriptedHead,
+    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; benchmarks/fixtures/speculative_fixtures.ScriptedHead,
     no model call), K fixed at 1..4, and `adaptive` (the DraftController, K up to 4);
   - head k=K: the package's own head (random weights: its acceptance is near 0; its call cost
     is the real one), fixed K and adaptive;
@@ -24,9 +24,9 @@ decode of the Q8_0 GGUF runs in the same process when llama-cpp-python (the opti
 Timings on a shared machine are not quiet measurements: the load average is recorded.
 
 Usage:
-    python benchmarks/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
+    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
         --json docs/bench_speculative.json
-    python benchmarks/bench_speculative.py --workdir /tmp/bench_spec_tiny --size tiny \
+    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec_tiny --size tiny \
         --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
 """
 
@@ -45,13 +45,12 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
-from bench_common import claim_workdir, release_workdir, session_options  # noqa: E402
-from bench_mid import MID  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import CORPUS, MID  # noqa: E402
+from fixtures.speculative_fixtures import ScriptedHead  # noqa: E402
 
-from speculative_fixtures import ScriptedHead  # noqa: E402
+from mobius_lite.bench.package_peer import session_options  # noqa: E402
+from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
 
 # bench_gguf.py's mid MoE pattern: llama.cpp's nemotron_h_moe has no dense MLP layers
 PATTERN = {
@@ -90,7 +89,7 @@ def make_model(size: str, seed: int = 0) -> Any:
     config._experts_implementation = "eager"
     torch.manual_seed(seed)
     model = NemotronHForCausalLM(config).eval()
-    with torch.no_grad():  # spread router scores so routing is not degenerate (as bench_mid)
+    with torch.no_grad():  # spread router scores so routing is not degenerate (as common.make_checkpoint)
         for layer in model.model.layers:
             if layer.block_type == "moe":
                 layer.mixer.gate.weight.normal_(0.0, 0.05)
@@ -99,12 +98,11 @@ def make_model(size: str, seed: int = 0) -> Any:
 
 def build_packages(args: argparse.Namespace) -> dict[str, Path]:
     """The checkpoint (head tensors added), its Q8_0 GGUF, and the two packages."""
-    from bench_gguf import CORPUS
+    from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from fixtures.mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
     from safetensors.numpy import load_file, save_file
 
     import mobius_lite
-    from gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
 
     model = make_model(args.size)
     checkpoint = args.workdir / "checkpoint"

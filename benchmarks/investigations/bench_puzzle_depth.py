@@ -10,7 +10,7 @@ Measures, in one run:
      prefill and decode-step latency.
 
 Usage:
-    python benchmarks/bench_puzzle_depth.py --workdir /tmp/bench_puzzle \
+    python benchmarks/investigations/bench_puzzle_depth.py --workdir /tmp/bench_puzzle \
         --json docs/bench_puzzle_depth.json
 """
 
@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from bench_common import open_package, timed_decode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import open_package, timed_decode  # noqa: E402
 
 from mobius_lite.layout import DECODER_FILE
 

@@ -6,7 +6,7 @@ with transformers, saved, exported with mobius_lite.build, and each encoder time
 one 512x512 image, an 8-frame 256x256 video (4 tubelets), a 30 s audio clip (3000 mel frames).
 Rounds alternate between the two sides; the median of --repeats is reported with the load.
 
-    python benchmarks/bench_omni_encoders.py --workdir /tmp/bench_omni --threads 2 \
+    python benchmarks/investigations/bench_omni_encoders.py --workdir /tmp/bench_omni --threads 2 \
         --repeats 3 --json docs/bench_omni_encoders.json
 """
 

@@ -14,7 +14,7 @@ Before every measured step the checkpoint's pages are dropped from the page cach
 than RAM would.
 
 Usage:
-    python benchmarks/bench_streaming.py --workdir /tmp/bench_streaming \\
+    python benchmarks/investigations/bench_streaming.py --workdir /tmp/bench_streaming \\
         --json docs/bench_streaming.json
 """
 
