@@ -7,7 +7,7 @@ exported per weight route and run on onnxruntime CPU next to llama.cpp.
 One run:
   1. builds common.py (MID)'s mid config without its dense MLP layers (llama.cpp builds every
      nemotron_h_moe FFN layer as MoE) as a random transformers model, writes it as an F32 GGUF
-     in the converter's layout (benchmarks/fixtures/gguf_fixtures.py) and quantizes it with llama.cpp's own
+     in the converter's layout (fixtures/gguf_fixtures.py) and quantizes it with llama.cpp's own
      quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS needs an
      importance matrix in llama.cpp, so that file is written by the fixtures (random valid
      IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
@@ -42,7 +42,8 @@ Usage:
         --json docs/bench_gguf.json
     python benchmarks/investigations/bench_gguf.py --types Q8_0,Q4_K_M,IQ2_XXS \
         --routes ort,dequantize+ort,ort+exact-fused,ort+int8 --json /tmp/bench_gguf_22.json
-    python benchmarks/investigations/bench_gguf.py --types F32 --routes ort,ort+exact-fused --profile
+    python benchmarks/investigations/bench_gguf.py --types F32 --routes ort,ort+exact-fused \
+        --profile
     python benchmarks/investigations/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
         --routes ort,ort+int8 --repeats 1 --decode-tokens 3 --prompt-length 16   # smoke run
 """
@@ -99,7 +100,7 @@ def write_files(
     from fixtures.nemotron_reference import make_reference
 
     model = make_reference(mid_moe(size), seed=0)
-    with torch.no_grad():  # spread router scores so routing is not degenerate (as common.make_checkpoint)
+    with torch.no_grad():  # spread router scores so routing is not degenerate
         for layer in model.model.layers:
             if layer.block_type == "moe":
                 layer.mixer.gate.weight.normal_(0.0, 0.05)

@@ -1,4 +1,4 @@
-"""CPU benchmark of ModelOpt packages (standard route) next to the dense BF16-source build.
+r"""CPU benchmark of ModelOpt packages (standard route) next to the dense BF16-source build.
 
 One random Nemotron-H MoE model ("small": hidden 512, 6 layers, 32 experts) is written four
 ways: dense BF16 safetensors, and ModelOpt NVFP4 / FP8 / MIXED_PRECISION (quantized by the

@@ -1,4 +1,4 @@
-"""Omni encoder latency: the package's vision / video / audio graphs (onnxruntime CPU) next to
+r"""Omni encoder latency: the package's vision / video / audio graphs (onnxruntime CPU) next to
 transformers eager (torch CPU, FP32) on the same processed inputs, one run, same thread count.
 
 A mid-size random Omni model (RADIO and Parakeet at mid widths, a 2-layer text model) is built

@@ -1,4 +1,4 @@
-"""Puzzle at production depth: the 88-layer topology with 512 experts per MoE layer.
+r"""Puzzle at production depth: the 88-layer topology with 512 experts per MoE layer.
 
 Measures, in one run:
   1. the production-width graph (hidden 4096, 512 experts, latent 1024, per-layer widths and

@@ -1,4 +1,4 @@
-"""Speculative greedy decoding on the "mid" model (hidden 1024, 64 experts, vocabulary 32,000;
+r"""Speculative greedy decoding on the "mid" model (hidden 1024, 64 experts, vocabulary 32,000;
 benchmarks/common.py (MID)'s widths in bench_gguf.py's pattern ME*MEME*ME, which llama.cpp can
 load, with a one-layer MTP head), where a decoder step is memory-bound: what speculation
 gains over plain greedy decoding, and what a draft costs.
@@ -11,7 +11,7 @@ Modes, each over the whole `speculative_greedy` call (prefill included; a 32-tok
 48 new tokens by default; median over --rounds, the modes' order rotating every round):
   - plain: runtime.greedy;
   - scripted p=P k=K: a drafter that proposes the decoder's true continuation with
-    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; benchmarks/fixtures/speculative_fixtures.ScriptedHead,
+    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; fixtures/speculative_fixtures.ScriptedHead,
     no model call), K fixed at 1..4, and `adaptive` (the DraftController, K up to 4);
   - head k=K: the package's own head (random weights: its acceptance is near 0; its call cost
     is the real one), fixed K and adaptive;
@@ -26,8 +26,8 @@ Timings on a shared machine are not quiet measurements: the load average is reco
 Usage:
     python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
         --json docs/bench_speculative.json
-    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec_tiny --size tiny \
-        --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
+    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec_tiny \
+        --size tiny --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def make_model(size: str, seed: int = 0) -> Any:
     config._experts_implementation = "eager"
     torch.manual_seed(seed)
     model = NemotronHForCausalLM(config).eval()
-    with torch.no_grad():  # spread router scores so routing is not degenerate (as common.make_checkpoint)
+    with torch.no_grad():  # spread router scores so routing is not degenerate
         for layer in model.model.layers:
             if layer.block_type == "moe":
                 layer.mixer.gate.weight.normal_(0.0, 0.05)

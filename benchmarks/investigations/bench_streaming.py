@@ -1,4 +1,4 @@
-"""Streaming-export benchmark (issue 3): export time and peak memory next to `cp`.
+r"""Streaming-export benchmark (issue 3): export time and peak memory next to `cp`.
 
 One run:
   1. synthesises a random-weight Nemotron-H checkpoint of >= 8 GiB (BF16 safetensors shards

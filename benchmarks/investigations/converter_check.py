@@ -1,6 +1,6 @@
 r"""llama.cpp's own converter on ModelOpt checkpoints (issue 20; not part of the CI suite).
 
-Writes tiny ModelOpt NVFP4 and MIXED_PRECISION checkpoints (benchmarks/fixtures/modelopt_fixtures.py, sizes
+Writes tiny ModelOpt NVFP4 and MIXED_PRECISION checkpoints (fixtures/modelopt_fixtures.py, sizes
 that hold whole 64-element NVFP4 superblocks, a byte-level BPE tokenizer), converts each with
 llama.cpp's `convert_hf_to_gguf.py` from a llama.cpp source tree (`--outtype f32`, so only the
 NVFP4 weights and their `.scale` tensors differ from the checkpoint's dense ones), exports the

@@ -1,4 +1,4 @@
-"""Which onnxruntime CPU kernels compute with ggml's blocks, how fast and how exactly (issue 14).
+r"""Which onnxruntime CPU kernels compute with ggml's blocks, how fast and how exactly (issue 14).
 
 The decode target (at most llama.cpp's ms/token) needs kernels that read packed weights and
 run the routed experts with ReLU^2. This script measures what onnxruntime's CPU provider
@@ -22,7 +22,8 @@ largest absolute difference to a float64 product over gguf-py's dequantized weig
 the experts), divided by the largest reference value.
 
 Usage:
-    python benchmarks/investigations/cpu_kernel_gaps.py --threads 2 --rounds 3 --json docs/cpu_kernel_gaps.json
+    python benchmarks/investigations/cpu_kernel_gaps.py --threads 2 --rounds 3 \
+        --json benchmarks/investigations/runs/cpu_kernel_gaps.json
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ implies. With --gguf, llama.cpp's decode on the same file, in the same process a
 The knocked-out graphs compute wrong numbers on purpose; only their time is read.
 
 Usage (the mid GGUF files of bench_gguf.py, one package of them, then its attribution):
-    python benchmarks/investigations/decode_attribution.py --write-gguf DIR [--types F32,Q8_0,Q4_K_M,IQ2_XXS]
+    python benchmarks/investigations/decode_attribution.py --write-gguf DIR \
+        [--types F32,Q8_0,Q4_K_M,IQ2_XXS]
     mobius build --model DIR/mid-Q8_0.gguf --output DIR/q8_0-int8 --backend ort --activations int8
-    python benchmarks/investigations/decode_attribution.py DIR/q8_0-int8 [--gguf DIR/mid-Q8_0.gguf] \
-        [--steps 16] [--rounds 3] [--threads 2] [--json OUT.json]
+    python benchmarks/investigations/decode_attribution.py DIR/q8_0-int8 \
+        [--gguf DIR/mid-Q8_0.gguf] [--steps 16] [--rounds 3] [--threads 2] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def main() -> None:
         {"part": TOP, "ms": medians["without every layer"], "weight_mb": weights.get(TOP, 0) / 1e6}
     )
     result: dict[str, Any] = {
-        "command": " ".join(["python benchmarks/investigations/decode_attribution.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python benchmarks/investigations/decode_attribution.py", *sys.argv[1:]]
+        ),
         "package": str(args.package),
         "decode_ms_median": medians,
         "parts": rows,

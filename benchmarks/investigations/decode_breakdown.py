@@ -1,4 +1,4 @@
-"""Where a decode step of the exported decoder goes: the real package next to graphs edited for
+r"""Where a decode step of the exported decoder goes: the real package next to graphs edited for
 timing only, on onnxruntime CPU, in alternating fresh processes.
 
 Variants (docs/performance.md, "Where a decode step goes"):

@@ -14,7 +14,8 @@ package built with --backend ort), its layer 1 extracted as a graph of its own i
 and without its routed experts.
 
 Usage:
-    python benchmarks/investigations/f32_expert_paths.py [--package DIR] [--threads 2] [--json OUT.json]
+    python benchmarks/investigations/f32_expert_paths.py [--package DIR] [--threads 2] \
+        [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -347,7 +348,9 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "command": " ".join(["python benchmarks/investigations/f32_expert_paths.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python benchmarks/investigations/f32_expert_paths.py", *sys.argv[1:]]
+        ),
         "forms_4_layers": forms(args, rng),
         "scan_one_layer_ms": scan_split(args, rng),
         "gemv_us_per_slice": gemv_slices(args, rng),

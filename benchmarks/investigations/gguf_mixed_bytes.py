@@ -1,11 +1,12 @@
-"""Package bytes per route for the mixed GGUF file (issue 20): IQ2_XXS routed experts, Q8_0
+r"""Package bytes per route for the mixed GGUF file (issue 20): IQ2_XXS routed experts, Q8_0
 Mamba and attention projections, NVFP4 shared experts / latent projections / output with their
-`.scale`, F16 embeddings, F32 norms (benchmarks/fixtures/gguf_nvfp4_fixtures.write_mixed_gguf), a random
+`.scale`, F16 embeddings, F32 norms (fixtures/gguf_nvfp4_fixtures.write_mixed_gguf), a random
 nemotron_h_moe model. Each route's package weight bytes (its external data, from the manifest)
 against the file's tensor bytes, with the bytes per ggml type. No timing.
 
 Usage:
-    python benchmarks/investigations/gguf_mixed_bytes.py --workdir /tmp/gguf_mixed_bytes [--json out.json]
+    python benchmarks/investigations/gguf_mixed_bytes.py --workdir /tmp/gguf_mixed_bytes \
+        [--json out.json]
 """
 
 from __future__ import annotations

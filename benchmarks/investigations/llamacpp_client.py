@@ -1,7 +1,7 @@
-"""llama.cpp as a real client of the same GGUF file (issues 10, 20; not part of the CI suite).
+r"""llama.cpp as a real client of the same GGUF file (issues 10, 20; not part of the CI suite).
 
 Writes small random nemotron_h_moe models as GGUF files the way llama.cpp's converter does
-(benchmarks/fixtures/gguf_fixtures.py and benchmarks/fixtures/gguf_nvfp4_fixtures.py, with a BPE vocabulary):
+(fixtures/gguf_fixtures.py and fixtures/gguf_nvfp4_fixtures.py, with a BPE vocabulary):
 - F32, quantized by llama.cpp's own quantizer (llama_model_quantize) to Q8_0, the Q4_K_M
   preset, MXFP4_MOE (stacked experts MXFP4, the rest Q8_0), TQ1_0, TQ2_0 and Q1_0 (each where
   the installed binding has the file type; fallbacks included);

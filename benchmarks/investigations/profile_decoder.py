@@ -1,4 +1,4 @@
-"""Where the exported decoder spends CPU time: onnxruntime's profiler per op type and layer kind.
+r"""Where the exported decoder spends CPU time: onnxruntime's profiler per op type and layer kind.
 
 Builds the "mid" random config of common.py (MID) (or its variant without dense MLP layers, the
 one issue 14 compares with llama.cpp), exports it in f32 with mobius_lite.build, then runs a
