@@ -39,7 +39,7 @@ nodes: profile_decoder.py's aggregation) for each route run.
 
 Usage:
     python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_gguf --threads 2 \
-        --json docs/bench_gguf.json
+        --json benchmarks/investigations/runs/bench_gguf.json
     python benchmarks/investigations/bench_gguf.py --types Q8_0,Q4_K_M,IQ2_XXS \
         --routes ort,dequantize+ort,ort+exact-fused,ort+int8 --json /tmp/bench_gguf_22.json
     python benchmarks/investigations/bench_gguf.py --types F32 --routes ort,ort+exact-fused \

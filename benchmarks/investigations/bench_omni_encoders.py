@@ -7,7 +7,7 @@ one 512x512 image, an 8-frame 256x256 video (4 tubelets), a 30 s audio clip (300
 Rounds alternate between the two sides; the median of --repeats is reported with the load.
 
     python benchmarks/investigations/bench_omni_encoders.py --workdir /tmp/bench_omni --threads 2 \
-        --repeats 3 --json docs/bench_omni_encoders.json
+        --repeats 3 --json benchmarks/investigations/runs/bench_omni_encoders.json
 """
 
 from __future__ import annotations

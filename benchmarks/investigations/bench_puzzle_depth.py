@@ -11,7 +11,7 @@ Measures, in one run:
 
 Usage:
     python benchmarks/investigations/bench_puzzle_depth.py --workdir /tmp/bench_puzzle \
-        --json docs/bench_puzzle_depth.json
+        --json benchmarks/investigations/runs/bench_puzzle_depth.json
 """
 
 from __future__ import annotations
@@ -256,7 +256,9 @@ def main() -> None:
 
     figures: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor()},
-        "command": " ".join(["python", "benchmarks/bench_puzzle_depth.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python", "benchmarks/investigations/bench_puzzle_depth.py", *sys.argv[1:]]
+        ),
         "backend": args.backend,
     }
     figures["production_512"] = graph_figures(puzzle_config(PRODUCTION, 512, WIDTHS))

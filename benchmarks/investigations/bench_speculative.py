@@ -25,7 +25,7 @@ Timings on a shared machine are not quiet measurements: the load average is reco
 
 Usage:
     python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
-        --json docs/bench_speculative.json
+        --json benchmarks/investigations/runs/bench_speculative.json
     python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec_tiny \
         --size tiny --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
 """

@@ -15,7 +15,7 @@ than RAM would.
 
 Usage:
     python benchmarks/investigations/bench_streaming.py --workdir /tmp/bench_streaming \\
-        --json docs/bench_streaming.json
+        --json benchmarks/investigations/runs/bench_streaming.json
 """
 
 from __future__ import annotations

@@ -433,7 +433,9 @@ def main() -> None:
     for op, said in refusals.items():
         print(f"{op} with activation_type=relu2 on CPU: {said}")
     result = {
-        "command": " ".join(["python", "benchmarks/cpu_kernel_gaps.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python", "benchmarks/investigations/cpu_kernel_gaps.py", *sys.argv[1:]]
+        ),
         "onnxruntime": onnxruntime.__version__,
         "load_average": os.getloadavg(),
         "shapes": shapes.__dict__,

@@ -24,7 +24,7 @@ tokens), without it.
 
 Usage:
     python benchmarks/investigations/llamacpp_client.py --workdir /tmp/llamacpp_client --threads 2 \
-        --json docs/llamacpp_client.json
+        --json benchmarks/investigations/runs/llamacpp_client.json
     python benchmarks/investigations/llamacpp_client.py --no-llamacpp --steps 4
 """
 
