@@ -331,7 +331,7 @@ def run_ort(package: Path, args: argparse.Namespace, logits_out: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_llamacpp(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> dict:
+def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> dict:
     import llama_cpp
 
     start = time.perf_counter()
@@ -461,7 +461,7 @@ def main() -> None:
         for index in range(args.rounds):
             for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
                 if side == LLAMACPP:
-                    run = run_llamacpp(path, prompt, args)
+                    run = llamacpp_timed_with_logits(path, prompt, args)
                 else:
                     out = args.workdir / f"logits-{name}-{side}.npy"
                     run = run_ort(packages[side], args, out)

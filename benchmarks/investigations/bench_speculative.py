@@ -152,7 +152,7 @@ def modes(head_factory: Callable[[], Any]) -> dict[str, tuple[Any, int | None]]:
     return out
 
 
-def run_package(args: argparse.Namespace, package: Path) -> dict[str, Any]:
+def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     from mobius_lite.runtime import DecoderSession, greedy
     from mobius_lite.speculative import open_head, speculative_greedy
 
@@ -228,7 +228,7 @@ def head_call_cost(decoder: Any, head: Any, ids: np.ndarray, repeats: int) -> di
     return {"draft_call_s": draft, "decoder_step_s": step, "draft_over_step": draft / step}
 
 
-def run_llama_cpp(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
+def llamacpp_plain_greedy(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
     """Plain greedy decode of the Q8_0 GGUF with llama.cpp, timed like the plain mode."""
     if importlib.util.find_spec("llama_cpp") is None:
         return {
@@ -286,8 +286,8 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "threads": args.threads,
-        "packages": {name: run_package(args, packages[name]) for name in ("f32", "q8_0-int8")},
-        "llama_cpp_q8_0": run_llama_cpp(args, packages["gguf"]),
+        "packages": {name: run_modes(args, packages[name]) for name in ("f32", "q8_0-int8")},
+        "llama_cpp_q8_0": llamacpp_plain_greedy(args, packages["gguf"]),
     }
     report["wall_s"] = round(time.perf_counter() - start, 1)
     report["load_average_before_after"] = [list(load_before), list(os.getloadavg())]

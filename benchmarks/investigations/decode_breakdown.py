@@ -195,7 +195,7 @@ def matrices_twin(shapes: list[tuple[int, int]], form: str, out: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- child runs
-def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode: int) -> dict:
+def time_variant(path: Path, config_dir: Path, threads: int, prompt: int, decode: int) -> dict:
     from mobius_lite.configs import NemotronHConfig
 
     config = NemotronHConfig.from_file(config_dir)
@@ -313,7 +313,7 @@ def main() -> None:
             result = run_twin(path, args.threads, args.decode_tokens)
         else:
             config_dir = package_dir(args.workdir, "ort")
-            result = run_package(path, config_dir, args.threads, args.prompt_length,
+            result = time_variant(path, config_dir, args.threads, args.prompt_length,
                                  args.decode_tokens)  # fmt: skip
         print(json.dumps(result))
         return

@@ -147,7 +147,7 @@ def type_mix(path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
+def llamacpp_greedy(path: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import llama_cpp
 
     llm = llama_cpp.Llama(
@@ -163,7 +163,7 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
     return {"tokens": tokens, "logits": logits}
 
 
-def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
+def package_greedy(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     from mobius_lite.runtime import greedy
@@ -192,14 +192,14 @@ def compare_file(
     reference = None
     if not args.no_llamacpp:
         try:
-            reference = run_llamacpp(path, prompt, args.steps, args.threads)
+            reference = llamacpp_greedy(path, prompt, args.steps, args.threads)
         except Exception as err:  # noqa: BLE001  (llama.cpp's refusal is the finding)
             entry["llamacpp_error"] = f"{type(err).__name__}: {err}"
     ok = True
     for backend in ("standard", "ort"):
         package = args.workdir / f"{name}-{backend}"
         mobius_lite.build(path, dtype="f32", weights_backend=backend).save(package, quiet=True)
-        ours = run_package(package, prompt, args.steps, args.threads)
+        ours = package_greedy(package, prompt, args.steps, args.threads)
         finite = all(bool(np.isfinite(step).all()) for step in ours["logits"])
         route: dict[str, Any] = {"tokens": ours["tokens"], "finite": finite}
         passed = finite

@@ -35,17 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import MID, PATTERNS, export, make_checkpoint  # noqa: E402
 
 from mobius_lite.bench import package_peer, workdir  # noqa: E402
+from mobius_lite.bench.measure import rss_bytes  # noqa: E402
 
 LAYER = re.compile(r"layers\.(\d+)/")
 KIND = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process, from /proc (no psutil needed)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def weight_bytes(package: Path) -> int:
