@@ -1,7 +1,7 @@
 """What the benchmark scripts share, each once: the "mid" model (its config, its random
-checkpoint and export), one timed pass of a package or of llama.cpp on a GGUF file (through
-mobius_lite.bench's peers), opening a package's decoder, timing calls, a timed greedy decode
-and a timed `mobius build` in a child process.
+checkpoint and export), one timed pass of llama.cpp on a GGUF file (mobius_lite.bench's
+peer; a package's is mobius_lite.bench's PackagePeer), opening a package's decoder,
+timing calls, a timed greedy decode and a timed `mobius build` in a child process.
 
 The onnxruntime session options, the --workdir guard and the decode-attribution graph edits
 are mobius_lite.bench's (session_options, workdir, attribution).
@@ -197,12 +197,19 @@ def prompt_ids(length: int, vocab_size: int = MID["vocab_size"], seed: int = 0) 
     return [int(t) for t in np.random.default_rng(seed).integers(3, vocab_size, size=length)]
 
 
-def _one_pass(peer: Any, prompt: list[int], decode_tokens: int) -> dict[str, Any]:
-    """Open `peer` (a mobius_lite.bench peer), one warm-up pass, one timed pass."""
+def run_llamacpp(
+    gguf: Path, prompt: list[int], decode_tokens: int, threads: int, gpu: bool = False
+) -> dict[str, Any]:
+    """One warmed-up greedy pass of llama.cpp on a GGUF file (llama-cpp-python, every layer
+    on the GPU with `gpu`), as `mobius bench --gguf` times it: load seconds, prefill ms,
+    median decode ms/token, the tokens."""
+    from mobius_lite.bench.llamacpp_peer import LlamaCppPeer
+
+    peer = LlamaCppPeer(gguf, gpu, threads, len(prompt), decode_tokens)
     start = time.perf_counter()
     peer.open()
     load_s = time.perf_counter() - start
-    peer.run(prompt, decode_tokens, lambda: None)
+    peer.run(prompt, decode_tokens, lambda: None)  # warm-up
     timed = peer.run(prompt, decode_tokens, lambda: None)
     return {
         "load_s": load_s,
@@ -210,26 +217,3 @@ def _one_pass(peer: Any, prompt: list[int], decode_tokens: int) -> dict[str, Any
         "decode_ms_per_token": timed.ms_per_token,
         "tokens": timed.tokens,
     }
-
-
-def run_package(
-    package: Path, prompt: list[int], decode_tokens: int, threads: int, ep: str = "cpu"
-) -> dict[str, Any]:
-    """One warmed-up greedy pass of the package, as `mobius bench` times it: session load
-    seconds, prefill ms (last position's logits only), median decode ms/token, the tokens."""
-    from mobius_lite.bench.package_peer import package_peer
-    from mobius_lite.package_reader import open_package as read_package
-
-    peer = package_peer(read_package(package), ep, threads, decode_tokens)
-    return _one_pass(peer, prompt, decode_tokens)
-
-
-def run_llamacpp(
-    gguf: Path, prompt: list[int], decode_tokens: int, threads: int, gpu: bool = False
-) -> dict[str, Any]:
-    """The same pass of llama.cpp on a GGUF file (llama-cpp-python, every layer on the GPU
-    with `gpu`), as `mobius bench --gguf` times it."""
-    from mobius_lite.bench.llamacpp_peer import LlamaCppPeer
-
-    peer = LlamaCppPeer(gguf, gpu, threads, len(prompt), decode_tokens)
-    return _one_pass(peer, prompt, decode_tokens)
