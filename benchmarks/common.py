@@ -153,14 +153,17 @@ def mid_config(pattern: str = "mid", size: str = "mid") -> dict[str, Any]:
     return {**widths, "layers_block_type": [LAYER_KINDS[c] for c in letters]}
 
 
-def make_checkpoint(directory: Path, pattern: str = "mid", size: str = "mid", seed: int = 0) -> Any:
+def make_checkpoint(
+    directory: Path, pattern: str = "mid", size: str = "mid", seed: int = 0, **overrides: Any
+) -> Any:
     """A random transformers NemotronH checkpoint of the mid config at `directory`, eager
     attention and experts, the routers spread (normal, std 0.05) so that routing is not
-    degenerate; returns the model."""
+    degenerate; returns the model. `overrides`: further config keywords (widths, an MTP
+    layer: num_nextn_predict_layers=1)."""
     import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    config = NemotronHConfig(**mid_config(pattern, size))
+    config = NemotronHConfig(**{**mid_config(pattern, size), **overrides})
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
     torch.manual_seed(seed)

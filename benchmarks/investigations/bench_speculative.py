@@ -46,21 +46,17 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
-from common import CORPUS, MID  # noqa: E402
+from common import CORPUS, make_checkpoint  # noqa: E402
 from fixtures.speculative_fixtures import ScriptedHead  # noqa: E402
 
 from mobius_lite.bench.package_peer import session_options  # noqa: E402
 from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
 
 # bench_gguf.py's mid MoE pattern: llama.cpp's nemotron_h_moe has no dense MLP layers
-PATTERN = {
-    "layers_block_type": [{"M": "mamba", "E": "moe", "*": "attention"}[c] for c in "ME*MEME*ME"]
-}
 PROBABILITIES = (0.0, 0.5, 0.7, 0.85, 1.0)
 KS = (1, 2, 3, 4)
 # A smoke-test size: the mid pattern with small widths (Q8_0 needs multiples of 32).
 TINY = {
-    **MID,
     "vocab_size": 512,
     "hidden_size": 64,
     "mamba_num_heads": 4,
@@ -78,24 +74,6 @@ TINY = {
 }
 
 
-def make_model(size: str, seed: int = 0) -> Any:
-    """The random transformers model of `size` ("mid" or "tiny"), declaring one MTP layer."""
-    import torch
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
-    widths = MID if size == "mid" else TINY
-    config = NemotronHConfig(**{**widths, **PATTERN}, num_nextn_predict_layers=1)
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"
-    torch.manual_seed(seed)
-    model = NemotronHForCausalLM(config).eval()
-    with torch.no_grad():  # spread router scores so routing is not degenerate
-        for layer in model.model.layers:
-            if layer.block_type == "moe":
-                layer.mixer.gate.weight.normal_(0.0, 0.05)
-    return model
-
-
 def build_packages(args: argparse.Namespace) -> dict[str, Path]:
     """The checkpoint (head tensors added), its Q8_0 GGUF, and the two packages."""
     from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
@@ -104,9 +82,9 @@ def build_packages(args: argparse.Namespace) -> dict[str, Path]:
 
     import mobius_lite
 
-    model = make_model(args.size)
     checkpoint = args.workdir / "checkpoint"
-    model.save_pretrained(checkpoint)
+    widths = TINY if args.size == "tiny" else {}
+    model = make_checkpoint(checkpoint, "no-mlp", num_nextn_predict_layers=1, **widths)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(100))
     path = checkpoint / "model.safetensors"
     save_file({**load_file(path), **head}, path, metadata={"format": "pt"})
