@@ -163,7 +163,8 @@ class Run:
             text = " ".join(str(exc).split())
             found = [text.index(m) for m in NO_CPU_KERNEL if m in text]
             if self.dry_run and found:
-                raise NoKernelHere(text[min(found) :].split("; check that")[0][:140]) from exc
+                why = text[min(found) :].split("; check that")[0][:140]
+                raise NoKernelHere(why.rstrip(")")) from exc
             raise
 
 
