@@ -6,13 +6,11 @@ and at the end, so a mistyped path (or another run's folder) lost its files.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_common import claim_workdir, release_workdir  # noqa: E402
+from mobius_lite.bench.workdir import claim_workdir, release_workdir
 
 
 def test_a_foreign_folder_is_refused_and_kept(tmp_path: Path) -> None:

@@ -1,11 +1,10 @@
-"""benchmarks/decode_attribution.py's knocked-out graphs compute what the model computes with
+"""mobius_lite.bench.attribution's knocked-out graphs compute what the model computes with
 those layers skipped (transformers, the layers' forward hooked to return their input), pass
 the layers' caches through, and keep none of the layers' own weights; its per-kind weight
 bytes per decode step are the layers' own initializers, routed experts at k / E."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +12,7 @@ import onnx
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_common import package_with_graph  # noqa: E402
-from decode_attribution import knock_out, step_weight_bytes  # noqa: E402
-
+from mobius_lite.bench.attribution import knock_out, package_with_graph, step_weight_bytes
 from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare

@@ -4,11 +4,11 @@ The same tiny checkpoint is exported twice: (a) from its safetensors with `--qua
 (b) from the pure TYPE GGUF of it that gguf_fixtures writes as llama.cpp's converter and
 `llama-quantize --pure` would (gguf-py's `gguf.quants.quantize`, which is bit-exact with
 ggml's reference quantizer; llama.cpp's quantizer itself is checked outside CI, in
-benchmarks/quantize_vs_llamacpp.py). Both packages must hold the same initializers with the
-same bytes (the stored A = -exp(A_log) of the GGUF against the checkpoint's A_log aside) and
-compute the same logits on every route: standard ops, `--backend ort` and
-`--activations int8`. Oracles: gguf-py (quantize), the safetensors library (source bytes),
-and the GGUF package.
+benchmarks/investigations/quantize_vs_llamacpp.py). Both packages must hold the same
+initializers with the same bytes (the stored A = -exp(A_log) of the GGUF against the
+checkpoint's A_log aside) and compute the same logits on every route: standard ops,
+`--backend ort` and `--activations int8`. Oracles: gguf-py (quantize), the safetensors library
+(source bytes), and the GGUF package.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ each peer once (its resident-set growth measured over the load and one warm-up p
 times every peer in alternating rounds (the order rotates each round) and keeps every round
 with the machine's load; `BenchResult` gives the medians and the ratios.
 
+Beside the peers, what the project's benchmark scripts (benchmarks/) share with the tests:
+`workdir` (a benchmark's --workdir, refused unless a benchmark made it) and `attribution`
+(decoder graphs with layers knocked out, for timing what each layer kind costs).
+
 It sits above evaluation (the transformers peer loads the checkpoint the way qualify does) and
 below cli. Requires the `runtime` extra; the peers need their own extras (`reference`,
 `llamacpp`), the PNG chart Pillow.

@@ -1,6 +1,6 @@
 """llama.cpp on a GGUF file as a peer, through llama-cpp-python (the `llamacpp` extra): the
 same prompt token ids, prefill in one eval, then one eval per token (as
-benchmarks/bench_gguf.py times it)."""
+benchmarks/investigations/bench_gguf.py times it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Omni encoder latency: the package's vision / video / audio graphs (onnxruntime CPU) next to
+r"""Omni encoder latency: the package's vision / video / audio graphs (onnxruntime CPU) next to
 transformers eager (torch CPU, FP32) on the same processed inputs, one run, same thread count.
 
 A mid-size random Omni model (RADIO and Parakeet at mid widths, a 2-layer text model) is built
@@ -6,8 +6,8 @@ with transformers, saved, exported with mobius_lite.build, and each encoder time
 one 512x512 image, an 8-frame 256x256 video (4 tubelets), a 30 s audio clip (3000 mel frames).
 Rounds alternate between the two sides; the median of --repeats is reported with the load.
 
-    python benchmarks/bench_omni_encoders.py --workdir /tmp/bench_omni --threads 2 \
-        --repeats 3 --json docs/bench_omni_encoders.json
+    python benchmarks/investigations/bench_omni_encoders.py --workdir /tmp/bench_omni --threads 2 \
+        --repeats 3 --json benchmarks/investigations/runs/bench_omni_encoders.json
 """
 
 from __future__ import annotations

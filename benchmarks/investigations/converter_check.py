@@ -1,6 +1,6 @@
 r"""llama.cpp's own converter on ModelOpt checkpoints (issue 20; not part of the CI suite).
 
-Writes tiny ModelOpt NVFP4 and MIXED_PRECISION checkpoints (tests/modelopt_fixtures.py, sizes
+Writes tiny ModelOpt NVFP4 and MIXED_PRECISION checkpoints (fixtures/modelopt_fixtures.py, sizes
 that hold whole 64-element NVFP4 superblocks, a byte-level BPE tokenizer), converts each with
 llama.cpp's `convert_hf_to_gguf.py` from a llama.cpp source tree (`--outtype f32`, so only the
 NVFP4 weights and their `.scale` tensors differ from the checkpoint's dense ones), exports the
@@ -15,7 +15,7 @@ random vocabulary has none it knows: this script answers that one question "gpt-
 llama-cpp-python's source distribution carries the tree (vendor/llama.cpp):
     pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/lsrc
     tar xzf /tmp/lsrc/llama_cpp_python-0.3.36.tar.gz -C /tmp/lsrc
-    python benchmarks/converter_check.py \
+    python benchmarks/investigations/converter_check.py \
         --llama-cpp /tmp/lsrc/llama_cpp_python-0.3.36/vendor/llama.cpp --workdir /tmp/conv
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
 
 # every matmul's input width a multiple of 64 (NVFP4's superblock), vocab above the tokenizer's
 SIZES = dict(
@@ -60,10 +60,9 @@ runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
 
 
 def write_checkpoint(variant: str, directory: Path) -> None:
+    from fixtures import modelopt_fixtures
+    from fixtures.gguf_fixtures import build_bpe_tokenizer
     from transformers import PreTrainedTokenizerFast
-
-    import modelopt_fixtures
-    from gguf_fixtures import build_bpe_tokenizer
 
     modelopt_fixtures.write_checkpoint(variant, directory, overrides=SIZES)
     tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=300)

@@ -7,7 +7,7 @@ valid Q4_K / Q6_K blocks, a fresh random routing per call; each variant's sessio
 is reported with the NRMSE against a float64 ReLU^2 reference on the same blocks' values.
 
 Usage:
-    python benchmarks/qmoe_min_layouts.py --threads 2 --rounds 3 --calls 100
+    python benchmarks/investigations/qmoe_min_layouts.py --threads 2 --rounds 3 --calls 100
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from bench_common import session_options
 from onnxscript import GraphBuilder
 
+from mobius_lite.bench.package_peer import session_options
 from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU
 from mobius_lite.formats.ggml.qmoe import augment_input, emit_qmoe
 from mobius_lite.formats.ggml.qmoe_mins import MinTermPlan, min_term_layout

@@ -9,7 +9,8 @@ The exact layouts (docs/gguf.md) pick among these forms: Q8_0 / Q6_K / IQ2_XXS a
 (block 32 / 16 / 32), Q4_0 4-bit block 32 without zero points, Q4_K 4-bit block 32 with them.
 
 Usage:
-    python benchmarks/nbits_kernel_rates.py [--threads 2] [--accuracy 4] [--json OUT.json]
+    python benchmarks/investigations/nbits_kernel_rates.py [--threads 2] [--accuracy 4] \
+        [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -149,7 +150,9 @@ def main() -> None:
             f"{r['us_per_node']:.0f} | {r['gb_per_s']:.1f} | {r['gweights_per_s']:.1f} |"
         )
     if args.json is not None:
-        command = " ".join(["python benchmarks/nbits_kernel_rates.py", *sys.argv[1:]])
+        command = " ".join(
+            ["python benchmarks/investigations/nbits_kernel_rates.py", *sys.argv[1:]]
+        )
         args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=2))
 
 

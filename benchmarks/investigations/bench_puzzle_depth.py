@@ -1,4 +1,4 @@
-"""Puzzle at production depth: the 88-layer topology with 512 experts per MoE layer.
+r"""Puzzle at production depth: the 88-layer topology with 512 experts per MoE layer.
 
 Measures, in one run:
   1. the production-width graph (hidden 4096, 512 experts, latent 1024, per-layer widths and
@@ -10,8 +10,8 @@ Measures, in one run:
      prefill and decode-step latency.
 
 Usage:
-    python benchmarks/bench_puzzle_depth.py --workdir /tmp/bench_puzzle \
-        --json docs/bench_puzzle_depth.json
+    python benchmarks/investigations/bench_puzzle_depth.py --workdir /tmp/bench_puzzle \
+        --json benchmarks/investigations/runs/bench_puzzle_depth.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from bench_common import open_package, timed_decode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import open_package, timed_decode  # noqa: E402
 
 from mobius_lite.layout import DECODER_FILE
 
@@ -254,7 +256,9 @@ def main() -> None:
 
     figures: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor()},
-        "command": " ".join(["python", "benchmarks/bench_puzzle_depth.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python", "benchmarks/investigations/bench_puzzle_depth.py", *sys.argv[1:]]
+        ),
         "backend": args.backend,
     }
     figures["production_512"] = graph_figures(puzzle_config(PRODUCTION, 512, WIDTHS))

@@ -14,7 +14,8 @@ package built with --backend ort), its layer 1 extracted as a graph of its own i
 and without its routed experts.
 
 Usage:
-    python benchmarks/f32_expert_paths.py [--package DIR] [--threads 2] [--json OUT.json]
+    python benchmarks/investigations/f32_expert_paths.py [--package DIR] [--threads 2] \
+        [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -30,10 +31,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import package_with_graph  # noqa: E402
-from decode_attribution import needed_nodes, values_read  # noqa: E402
-
+from mobius_lite.bench.attribution import needed_nodes, package_with_graph, values_read
 from mobius_lite.layout import DECODER_FILE  # noqa: E402
 
 E, H, INNER, K, LAYERS = 64, 1024, 512, 4, 4  # experts, hidden, intermediate, top-k
@@ -350,7 +348,9 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     result: dict[str, Any] = {
-        "command": " ".join(["python benchmarks/f32_expert_paths.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python benchmarks/investigations/f32_expert_paths.py", *sys.argv[1:]]
+        ),
         "forms_4_layers": forms(args, rng),
         "scan_one_layer_ms": scan_split(args, rng),
         "gemv_us_per_slice": gemv_slices(args, rng),

@@ -14,17 +14,17 @@ implies. With --gguf, llama.cpp's decode on the same file, in the same process a
 The knocked-out graphs compute wrong numbers on purpose; only their time is read.
 
 Usage (the mid GGUF files of bench_gguf.py, one package of them, then its attribution):
-    python benchmarks/decode_attribution.py --write-gguf DIR [--types F32,Q8_0,Q4_K_M,IQ2_XXS]
+    python benchmarks/investigations/decode_attribution.py --write-gguf DIR \
+        [--types F32,Q8_0,Q4_K_M,IQ2_XXS]
     mobius build --model DIR/mid-Q8_0.gguf --output DIR/q8_0-int8 --backend ort --activations int8
-    python benchmarks/decode_attribution.py DIR/q8_0-int8 [--gguf DIR/mid-Q8_0.gguf] \
-        [--steps 16] [--rounds 3] [--threads 2] [--json OUT.json]
+    python benchmarks/investigations/decode_attribution.py DIR/q8_0-int8 \
+        [--gguf DIR/mid-Q8_0.gguf] [--steps 16] [--rounds 3] [--threads 2] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -34,125 +34,19 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_common import (  # noqa: E402
-    claim_workdir,
-    open_package,
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import open_package, run_llamacpp  # noqa: E402
+
+from mobius_lite.bench.attribution import (  # noqa: E402
+    TOP,
+    knock_out,
     package_with_graph,
-    session_options,
+    step_weight_bytes,
 )
-
+from mobius_lite.bench.package_peer import session_options  # noqa: E402
+from mobius_lite.bench.workdir import claim_workdir  # noqa: E402
 from mobius_lite.configs.nemotron_h import NemotronHConfig  # noqa: E402
-from mobius_lite.enums import LayerKind  # noqa: E402
 from mobius_lite.layout import DECODER_FILE  # noqa: E402
-
-RESIDUAL_ADD = re.compile(r"^backbone/layers\.(\d+)/Add(_node_\d+)?$")
-LAYER_SCOPE = re.compile(r"(?:^|/)layers\.(\d+)/")
-PRESENT = re.compile(r"^present\.(\d+)\.(.+)$")
-TOP = "top"
-# ops that read one table row per token (the packed and block-quantized tables' too)
-EMBEDDING_LOOKUPS = ("Gather", "GatherPacked", "GatherBlockQuantized")
-
-
-def values_read(node: Any) -> set[str]:
-    """Every value a node reads, including what its If / Loop / Scan bodies take from outside."""
-    import onnx
-
-    names = set(node.input)
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            for inner in attribute.g.node:
-                names |= values_read(inner)
-    return names
-
-
-def needed_nodes(nodes: Any, outputs: set[str], inputs: set[str] = frozenset()) -> tuple[list, set]:
-    """The nodes, in graph order, that the values `outputs` depend on, not looking past the
-    values `inputs`; and every value those nodes read."""
-    needed, kept = set(outputs), []
-    for node in reversed(list(nodes)):
-        if any(name in needed and name not in inputs for name in node.output):
-            kept.append(node)
-            needed |= values_read(node)
-    return kept[::-1], needed
-
-
-def knock_out(model: Any, layers: set[int]) -> Any:
-    """A copy of the decoder in which each layer of `layers` passes its residual through and
-    its caches unchanged; nodes no graph output needs any more are removed."""
-    import onnx
-    from onnx import helper
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    replaced = set()
-    for node in graph.node:
-        match = RESIDUAL_ADD.match(node.name)
-        if node.op_type == "Add" and match and int(match.group(1)) in layers:
-            node.op_type, node.name = "Identity", node.name + "_knocked_out"
-            del node.input[1:]
-            replaced.add(int(match.group(1)))
-    if replaced != layers:
-        raise SystemExit(f"no residual Add found for layers {sorted(layers - replaced)}")
-    presents = {
-        o.name for o in graph.output if (m := PRESENT.match(o.name)) and int(m.group(1)) in layers
-    }
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name in presents:
-                node.output[i] = name + "_knocked_out"
-    for name in sorted(presents):
-        past = "past_key_values." + name.removeprefix("present.")
-        graph.node.append(helper.make_node("Identity", [past], [name], name=name + "_pass"))
-    kept, needed = needed_nodes(graph.node, {o.name for o in graph.output})
-    del graph.node[:]
-    graph.node.extend(kept)
-    used = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(used)
-    return out
-
-
-def step_weight_bytes(model: Any, kinds: list[LayerKind], experts: int, k: int) -> dict[str, int]:
-    """Weight bytes each layer kind (and "top") reads in one decode step: every initializer
-    but shape / index constants; a stacked routed-experts tensor (leading axis E, read inside
-    the experts' scope) counts k / E."""
-    import onnx
-    from onnx import helper
-
-    sizes: dict[str, tuple[int, bool]] = {}
-    index_types = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
-    for t in model.graph.initializer:
-        if t.data_type in index_types:
-            continue  # shape and index constants, not weights
-        count = int(np.prod(t.dims)) if t.dims else 1
-        itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        stacked = len(t.dims) >= 3 and t.dims[0] == experts
-        sizes[t.name] = (count * itemsize, stacked)
-    totals: dict[str, float] = {}
-    seen: set[tuple[str, str]] = set()
-
-    def walk(graph: Any, scope: str | None) -> None:
-        for node in graph.node:
-            match = LAYER_SCOPE.search(node.name)
-            owner = scope or (kinds[int(match.group(1))].value if match else TOP)
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    walk(attribute.g, owner)
-            if node.op_type in EMBEDDING_LOOKUPS and "embeddings" in node.name:
-                continue  # one row per token
-            for name in node.input:
-                if name not in sizes or (owner, name) in seen:
-                    continue
-                seen.add((owner, name))
-                size, stacked = sizes[name]
-                routed = stacked and "experts" in node.name and "shared" not in node.name
-                totals[owner] = totals.get(owner, 0.0) + (size * k / experts if routed else size)
-
-    walk(model.graph, None)
-    return {key: int(value) for key, value in totals.items()}
 
 
 def decode_times(session: Any, past: dict, mask: np.ndarray, steps: int) -> list[float]:
@@ -168,13 +62,9 @@ def decode_times(session: Any, past: dict, mask: np.ndarray, steps: int) -> list
 
 
 def llamacpp_decode(gguf: Path, prompt: np.ndarray, steps: int, threads: int) -> float:
-    from bench_gguf import run_llamacpp
-
-    with tempfile.TemporaryDirectory() as work:
-        options = argparse.Namespace(
-            threads=threads, decode_tokens=steps, repeats=1, workdir=Path(work)
-        )
-        return run_llamacpp(gguf, prompt, options)["decode_ms_per_token"]
+    return run_llamacpp(gguf, [int(t) for t in prompt.reshape(-1)], steps, threads)[
+        "decode_ms_per_token"
+    ]
 
 
 def main() -> None:
@@ -207,7 +97,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args()
     if args.write_gguf is not None:
-        from bench_gguf import write_files
+        from bench_gguf import write_files  # benchmarks/investigations/
 
         quantized = [t for t in args.types.split(",") if t != "F32"]  # F32 is always written
         written = write_files(claim_workdir(args.write_gguf), quantized)
@@ -256,7 +146,9 @@ def main() -> None:
         {"part": TOP, "ms": medians["without every layer"], "weight_mb": weights.get(TOP, 0) / 1e6}
     )
     result: dict[str, Any] = {
-        "command": " ".join(["python benchmarks/decode_attribution.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python benchmarks/investigations/decode_attribution.py", *sys.argv[1:]]
+        ),
         "package": str(args.package),
         "decode_ms_median": medians,
         "parts": rows,

@@ -1,6 +1,6 @@
-"""Where the exported decoder spends CPU time: onnxruntime's profiler per op type and layer kind.
+r"""Where the exported decoder spends CPU time: onnxruntime's profiler per op type and layer kind.
 
-Builds the "mid" random config of bench_mid.py (or its variant without dense MLP layers, the
+Builds the "mid" random config of common.py (MID) (or its variant without dense MLP layers, the
 one issue 14 compares with llama.cpp), exports it in f32 with mobius_lite.build, then runs a
 prefill of --prompt-length tokens and --decode-tokens cached steps in onnxruntime CPU with
 SessionOptions.enable_profiling. Kernel times are summed per op type and per layer kind (node
@@ -10,7 +10,7 @@ exclusive of them. Also records session creation time and resident memory next t
 weight bytes.
 
 Usage:
-    python benchmarks/profile_decoder.py --variant no-mlp --threads 2 \
+    python benchmarks/investigations/profile_decoder.py --variant no-mlp --threads 2 \
         --json docs/profile_no_mlp.json --markdown /tmp/profile_no_mlp.md
 """
 
@@ -31,59 +31,14 @@ import numpy as np
 
 from mobius_lite.layout import DECODER_FILE
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common  # noqa: E402
-from bench_mid import MID  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import MID, PATTERNS, export, make_checkpoint  # noqa: E402
 
-KIND = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
-PATTERNS = {"mid": "ME*-MEME*ME-", "no-mlp": "ME*MEME*ME"}
+from mobius_lite.bench import package_peer, workdir  # noqa: E402
+from mobius_lite.bench.measure import rss_bytes  # noqa: E402
+
 LAYER = re.compile(r"layers\.(\d+)/")
-
-
-def mid_config(pattern: str) -> dict[str, Any]:
-    """bench_mid's MID with its layer pattern replaced."""
-    return {
-        **MID,
-        "layers_block_type": [
-            {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}[c]
-            for c in pattern
-        ],
-    }
-
-
-def make_checkpoint(directory: Path, pattern: str, seed: int = 0) -> Any:
-    """A random transformers NemotronH checkpoint of the mid widths (router spread as in
-    bench_mid so that routing is not degenerate); returns the eager model."""
-    import torch
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
-    config = NemotronHConfig(**mid_config(pattern))
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"
-    torch.manual_seed(seed)
-    model = NemotronHForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if layer.block_type == "moe":
-                layer.mixer.gate.weight.normal_(0.0, 0.05)
-    model.save_pretrained(directory)
-    return model
-
-
-def export(checkpoint: Path, package: Path, backend: str = "standard") -> Path:
-    """Export checkpoint -> package (f32, on `backend`) with the library's Python entry point."""
-    import mobius_lite
-
-    built = mobius_lite.build(checkpoint, dtype="f32", weights_backend=backend)
-    return built.save(package, overwrite=True, quiet=True)
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process, from /proc (no psutil needed)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+KIND = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 
 
 def weight_bytes(package: Path) -> int:
@@ -99,7 +54,7 @@ def session_options(threads: int, profile_prefix: str | None = None, level: str 
     level, intra-op spinning as --allow-spinning says, the profiler when a prefix is given."""
     import onnxruntime as ort
 
-    options = bench_common.session_options(threads)
+    options = package_peer.session_options(threads)
     options.add_session_config_entry("session.intra_op.allow_spinning", SPINNING["value"])
     options.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -335,7 +290,7 @@ def main() -> None:
     SPINNING["value"] = args.allow_spinning
     checkpoint, package = args.workdir / "checkpoint", args.workdir / "package"
     if args.package is None:
-        bench_common.claim_workdir(args.workdir, fresh=not args.reuse)
+        workdir.claim_workdir(args.workdir, fresh=not args.reuse)
     export_s = None
     if args.package is not None:
         package = args.package
@@ -374,7 +329,7 @@ def main() -> None:
     print(table)
     print({k: v for k, v in result.items() if k != "profile"})
     if not args.reuse and args.package is None:
-        bench_common.release_workdir(args.workdir)
+        workdir.release_workdir(args.workdir)
 
 
 if __name__ == "__main__":

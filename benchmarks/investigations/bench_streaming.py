@@ -1,4 +1,4 @@
-"""Streaming-export benchmark (issue 3): export time and peak memory next to `cp`.
+r"""Streaming-export benchmark (issue 3): export time and peak memory next to `cp`.
 
 One run:
   1. synthesises a random-weight Nemotron-H checkpoint of >= 8 GiB (BF16 safetensors shards
@@ -14,8 +14,8 @@ Before every measured step the checkpoint's pages are dropped from the page cach
 than RAM would.
 
 Usage:
-    python benchmarks/bench_streaming.py --workdir /tmp/bench_streaming \\
-        --json docs/bench_streaming.json
+    python benchmarks/investigations/bench_streaming.py --workdir /tmp/bench_streaming \\
+        --json benchmarks/investigations/runs/bench_streaming.json
 """
 
 from __future__ import annotations

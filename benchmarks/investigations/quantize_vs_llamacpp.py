@@ -3,7 +3,7 @@
 CI checks the export's blocks against gguf-py's quantizer (tests/test_quantize_export.py).
 This script checks them against llama.cpp's own `llama_model_quantize` (llama-cpp-python):
 1. a tiny random Nemotron-H MoE model is saved twice: as a safetensors checkpoint and as an
-   F32 GGUF written the way llama.cpp's converter writes it (tests/gguf_fixtures.py);
+   F32 GGUF written the way llama.cpp's converter writes it (fixtures/gguf_fixtures.py);
 2. llama.cpp quantizes the GGUF with `--pure` to Q8_0 and to Q4_0, and to Q4_0 with
    `--output-tensor-type q8_0`;
 3. `mobius build` exports each llama.cpp file, and the checkpoint with the matching
@@ -14,7 +14,7 @@ This script checks them against llama.cpp's own `llama_model_quantize` (llama-cp
 Needs the `llamacpp` extra (pip install llama-cpp-python); without it, one line and exit 0.
 
 Usage:
-    python benchmarks/quantize_vs_llamacpp.py --workdir /tmp/quantize_vs_llamacpp
+    python benchmarks/investigations/quantize_vs_llamacpp.py --workdir /tmp/quantize_vs_llamacpp
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from mobius_lite.bench.workdir import claim_workdir, release_workdir
 
-from bench_common import claim_workdir, release_workdir  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: fixtures
 
 MODEL = {
     "layers_block_type": ["mamba", "moe", "attention", "moe"],
@@ -96,8 +94,8 @@ def build(model: Path, out: Path, flags: list[str]) -> None:
 
 
 def run(workdir: Path) -> int:
-    from gguf_fixtures import write_gguf
-    from nemotron_reference import make_reference
+    from fixtures.gguf_fixtures import write_gguf
+    from fixtures.nemotron_reference import make_reference
 
     model = make_reference(MODEL, seed=1)
     checkpoint = workdir / "checkpoint"

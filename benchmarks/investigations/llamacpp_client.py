@@ -1,7 +1,7 @@
-"""llama.cpp as a real client of the same GGUF file (issues 10, 20; not part of the CI suite).
+r"""llama.cpp as a real client of the same GGUF file (issues 10, 20; not part of the CI suite).
 
 Writes small random nemotron_h_moe models as GGUF files the way llama.cpp's converter does
-(tests/gguf_fixtures.py and tests/gguf_nvfp4_fixtures.py, with a BPE vocabulary):
+(fixtures/gguf_fixtures.py and fixtures/gguf_nvfp4_fixtures.py, with a BPE vocabulary):
 - F32, quantized by llama.cpp's own quantizer (llama_model_quantize) to Q8_0, the Q4_K_M
   preset, MXFP4_MOE (stacked experts MXFP4, the rest Q8_0), TQ1_0, TQ2_0 and Q1_0 (each where
   the installed binding has the file type; fallbacks included);
@@ -23,9 +23,9 @@ Needs the `llamacpp` extra (pip install llama-cpp-python, which compiles llama.c
 tokens), without it.
 
 Usage:
-    python benchmarks/llamacpp_client.py --workdir /tmp/llamacpp_client --threads 2 \
-        --json docs/llamacpp_client.json
-    python benchmarks/llamacpp_client.py --no-llamacpp --steps 4
+    python benchmarks/investigations/llamacpp_client.py --workdir /tmp/llamacpp_client --threads 2 \
+        --json benchmarks/investigations/runs/llamacpp_client.json
+    python benchmarks/investigations/llamacpp_client.py --no-llamacpp --steps 4
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
 
-from bench_common import claim_workdir, open_package  # noqa: E402
+from common import open_package  # noqa: E402
+
+from mobius_lite.bench.workdir import claim_workdir  # noqa: E402
 
 COSINE_GATE = 0.999
 MODEL = {
@@ -84,16 +84,16 @@ F32_FILES = ("F32", "puzzle")  # gated on equal greedy tokens
 def write_fixture_files(workdir: Path) -> dict[str, Path]:
     """The files written in the converter's layout (no llama.cpp needed): F32, the ModelOpt
     NVFP4 / MIXED_PRECISION conversions, the mixed file and a Puzzle file."""
-    import modelopt_fixtures as mf
-    from gguf_fixtures import (
+    import fixtures.modelopt_fixtures as mf
+    from fixtures.gguf_fixtures import (
         PUZZLE_GGUF_BLOCKS,
         PUZZLE_GGUF_GLOBALS,
         build_bpe_tokenizer,
         write_gguf,
     )
-    from gguf_nvfp4_fixtures import write_mixed_gguf, write_modelopt_gguf
-    from nemotron_reference import make_reference
-    from puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
+    from fixtures.gguf_nvfp4_fixtures import write_mixed_gguf, write_modelopt_gguf
+    from fixtures.nemotron_reference import make_reference
+    from fixtures.puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
 
     tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=400)
     vocab = {"tokenizer": tokenizer, "special_tokens": SPECIAL}
@@ -147,7 +147,7 @@ def type_mix(path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
+def llamacpp_greedy(path: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import llama_cpp
 
     llm = llama_cpp.Llama(
@@ -163,7 +163,7 @@ def run_llamacpp(path: Path, prompt: list[int], steps: int, threads: int) -> dic
     return {"tokens": tokens, "logits": logits}
 
 
-def run_package(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
+def package_greedy(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     from mobius_lite.run.runtime import greedy
@@ -192,14 +192,14 @@ def compare_file(
     reference = None
     if not args.no_llamacpp:
         try:
-            reference = run_llamacpp(path, prompt, args.steps, args.threads)
+            reference = llamacpp_greedy(path, prompt, args.steps, args.threads)
         except Exception as err:  # noqa: BLE001  (llama.cpp's refusal is the finding)
             entry["llamacpp_error"] = f"{type(err).__name__}: {err}"
     ok = True
     for backend in ("standard", "ort"):
         package = args.workdir / f"{name}-{backend}"
         mobius_lite.build(path, dtype="f32", weights_backend=backend).save(package, quiet=True)
-        ours = run_package(package, prompt, args.steps, args.threads)
+        ours = package_greedy(package, prompt, args.steps, args.threads)
         finite = all(bool(np.isfinite(step).all()) for step in ours["logits"])
         route: dict[str, Any] = {"tokens": ours["tokens"], "finite": finite}
         passed = finite

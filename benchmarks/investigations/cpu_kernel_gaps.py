@@ -1,4 +1,4 @@
-"""Which onnxruntime CPU kernels compute with ggml's blocks, how fast and how exactly (issue 14).
+r"""Which onnxruntime CPU kernels compute with ggml's blocks, how fast and how exactly (issue 14).
 
 The decode target (at most llama.cpp's ms/token) needs kernels that read packed weights and
 run the routed experts with ReLU^2. This script measures what onnxruntime's CPU provider
@@ -22,7 +22,8 @@ largest absolute difference to a float64 product over gguf-py's dequantized weig
 the experts), divided by the largest reference value.
 
 Usage:
-    python benchmarks/cpu_kernel_gaps.py --threads 2 --rounds 3 --json docs/cpu_kernel_gaps.json
+    python benchmarks/investigations/cpu_kernel_gaps.py --threads 2 --rounds 3 \
+        --json benchmarks/investigations/runs/cpu_kernel_gaps.json
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_common import session_options
 
+from mobius_lite.bench.package_peer import session_options
 from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN, CONTRIB_OPSET
 
@@ -95,11 +96,11 @@ def _quantized(weight: np.ndarray, type_name: str) -> tuple[Any, np.ndarray]:
 def _exact_layout(type_name: str, n: int, k: int, seed: int) -> tuple[Any, np.ndarray | None]:
     """(exact block-wise layout, gguf-py's values; for seed 0 only, the one the error is
     measured on) of random valid blocks of a type gguf-py cannot quantize."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: fixtures
+    from fixtures.gguf_fixtures import random_blocks
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from gguf_fixtures import random_blocks
     from mobius_lite.formats.ggml.nbits_layout import to_nbits_layout
 
     rows = random_blocks(type_name, (n, k), np.random.default_rng(seed))
@@ -432,7 +433,9 @@ def main() -> None:
     for op, said in refusals.items():
         print(f"{op} with activation_type=relu2 on CPU: {said}")
     result = {
-        "command": " ".join(["python", "benchmarks/cpu_kernel_gaps.py", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python", "benchmarks/investigations/cpu_kernel_gaps.py", *sys.argv[1:]]
+        ),
         "onnxruntime": onnxruntime.__version__,
         "load_average": os.getloadavg(),
         "shapes": shapes.__dict__,

@@ -1,4 +1,4 @@
-"""Where a decode step of the exported decoder goes: the real package next to graphs edited for
+r"""Where a decode step of the exported decoder goes: the real package next to graphs edited for
 timing only, on onnxruntime CPU, in alternating fresh processes.
 
 Variants (docs/performance.md, "Where a decode step goes"):
@@ -16,13 +16,13 @@ Variants (docs/performance.md, "Where a decode step goes"):
                     Gemm weight of the package, plus top-k slices of each stacked expert
                     tensor), random values, each as Gemm(x, W, transB=1)
   matmul-twin       the same matrices as MatMul(W, x^T)
-  llama.cpp         llama.cpp on the workdir's F32 GGUF of the same weights (bench_cpu.py)
+  llama.cpp         llama.cpp on the workdir's F32 GGUF of the same weights
 The edited graphs compute wrong numbers on purpose; only their time is read. Each process
 measures prefill of --prompt-length tokens with every position's logits and with
 logits_to_keep=1, then the median of --decode-tokens cached steps (wall and process CPU time).
 
-Usage (reuses bench_cpu.py's workdir: checkpoint, F32 GGUF, packages; makes what is missing):
-    python benchmarks/decode_breakdown.py --workdir /tmp/bench_cpu --rounds 3 \
+Usage (the workdir keeps the checkpoint, F32 GGUF and packages; makes what is missing):
+    python benchmarks/investigations/decode_breakdown.py --workdir /tmp/bench_cpu --rounds 3 \
         --json /tmp/decode_breakdown.json
 """
 
@@ -44,10 +44,11 @@ import numpy as np
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN
 from mobius_lite.layout import DECODER_FILE
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_common import open_package, package_with_graph, session_options  # noqa: E402
-from bench_cpu import package_dir, prepare, prompt_ids, run_llama_cpp  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import export, make_checkpoint, open_package, prompt_ids, run_llamacpp, write_f32_gguf  # noqa: E402
+
+from mobius_lite.bench.attribution import package_with_graph  # noqa: E402
+from mobius_lite.bench.package_peer import session_options  # noqa: E402
 
 PACKAGES = ("standard", "ort", "ort-fused", "ort-no-experts", "ort-no-mamba", "ort-moe-kernel")
 TWINS = ("gemm-twin", "matmul-twin")
@@ -194,7 +195,7 @@ def matrices_twin(shapes: list[tuple[int, int]], form: str, out: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- child runs
-def run_package(path: Path, config_dir: Path, threads: int, prompt: int, decode: int) -> dict:
+def time_variant(path: Path, config_dir: Path, threads: int, prompt: int, decode: int) -> dict:
     from mobius_lite.configs import NemotronHConfig
 
     config = NemotronHConfig.from_file(config_dir)
@@ -236,6 +237,30 @@ def run_twin(path: Path, threads: int, decode: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- driver
+GGUF_FILE = "model-f32.gguf"
+
+
+def package_dir(work: Path, backend: str) -> Path:
+    return work / f"package-{backend}"
+
+
+def prepare(work: Path) -> None:
+    """The no-mlp mid checkpoint, its f32 packages (standard and ort) and its F32 GGUF, each
+    made when missing."""
+    model = None
+    if not (work / "checkpoint" / "config.json").is_file():
+        model = make_checkpoint(work / "checkpoint", "no-mlp")
+    for backend in ("standard", "ort"):
+        if not (package_dir(work, backend) / DECODER_FILE).is_file():
+            export(work / "checkpoint", package_dir(work, backend), backend)
+    if not (work / GGUF_FILE).is_file():
+        if model is None:
+            from transformers import NemotronHForCausalLM
+
+            model = NemotronHForCausalLM.from_pretrained(work / "checkpoint")
+        write_f32_gguf(work / GGUF_FILE, model)
+
+
 def variants(work: Path) -> dict[str, Path]:
     """Every variant's directory, made when missing."""
     out = {name: package_dir(work, name) for name in ("standard", "ort")}
@@ -278,20 +303,22 @@ def main() -> None:
     if args.child:
         path = Path(args.child)
         if args.child == LLAMA_CPP:
-            ran = run_llama_cpp(args.workdir, args.threads, prompt_ids(args.prompt_length),
-                                args.decode_tokens)  # fmt: skip
-            result = {"prefill_last_logits_s": ran["prefill_s"], "decode_s": ran["decode_token_s"]}
+            ran = run_llamacpp(args.workdir / GGUF_FILE, prompt_ids(args.prompt_length),
+                               args.decode_tokens, args.threads)  # fmt: skip
+            result = {
+                "prefill_last_logits_s": ran["prefill_ms"] / 1e3,
+                "decode_s": ran["decode_ms_per_token"] / 1e3,
+            }
         elif path.name in TWINS:
             result = run_twin(path, args.threads, args.decode_tokens)
         else:
             config_dir = package_dir(args.workdir, "ort")
-            result = run_package(path, config_dir, args.threads, args.prompt_length,
+            result = time_variant(path, config_dir, args.threads, args.prompt_length,
                                  args.decode_tokens)  # fmt: skip
         print(json.dumps(result))
         return
 
-    for backend in ("standard", "ort"):
-        prepare(args.workdir, "no-mlp", with_gguf=True, backend=backend)
+    prepare(args.workdir)
     paths = {**variants(args.workdir), LLAMA_CPP: Path(LLAMA_CPP)}
     names = [*PACKAGES, *TWINS, LLAMA_CPP]
     rounds: list[dict[str, Any]] = []
@@ -314,7 +341,7 @@ def main() -> None:
             r[name]["decode_s"] / r[LLAMA_CPP]["decode_s"] for r in rounds
         )
     result = {
-        "command": " ".join(["python", "benchmarks/decode_breakdown.py", *sys.argv[1:]]),
+        "command": " ".join(["python", __file__, *sys.argv[1:]]),
         "load_average": os.getloadavg(),
         "median_over_rounds": summary,
         "rounds": rounds,

@@ -1,4 +1,4 @@
-"""CPU benchmark of ModelOpt packages (standard route) next to the dense BF16-source build.
+r"""CPU benchmark of ModelOpt packages (standard route) next to the dense BF16-source build.
 
 One random Nemotron-H MoE model ("small": hidden 512, 6 layers, 32 experts) is written four
 ways: dense BF16 safetensors, and ModelOpt NVFP4 / FP8 / MIXED_PRECISION (quantized by the
@@ -8,7 +8,7 @@ checkpoint and package weight bytes, export wall time and peak RSS, onnxruntime 
 creation, and the median per-token decode latency after a 16-token prefill.
 
 Usage:
-    python benchmarks/bench_modelopt.py --workdir /tmp/bench_modelopt --threads 2 \
+    python benchmarks/investigations/bench_modelopt.py --workdir /tmp/bench_modelopt --threads 2 \
         --json /tmp/bench_modelopt/result.json
 """
 
@@ -21,15 +21,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from bench_common import (
-    claim_workdir,
+
+from mobius_lite.bench.package_peer import session_options
+from mobius_lite.bench.workdir import claim_workdir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import (  # noqa: E402
     open_package,
-    session_options,
     timed_decode,
     timed_export,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 SMALL = dict(
     vocab_size=4096,
@@ -55,10 +56,9 @@ SCALES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_sc
 
 def write_checkpoints(workdir: Path) -> dict[str, Path]:
     """The dense BF16 checkpoint and the three ModelOpt ones of the same model."""
+    import fixtures.modelopt_fixtures as mf
     import ml_dtypes
     import torch
-
-    import modelopt_fixtures as mf
 
     def bf16(tensors, config, hf) -> None:  # dense tensors as the releases store them
         for name, array in list(tensors.items()):

@@ -5,9 +5,9 @@ sidecars, Q8_0 elsewhere; issue 28 compares its int8 route with llama.cpp on the
 exported per weight route and run on onnxruntime CPU next to llama.cpp.
 
 One run:
-  1. builds bench_mid.py's mid config without its dense MLP layers (llama.cpp builds every
+  1. builds common.py (MID)'s mid config without its dense MLP layers (llama.cpp builds every
      nemotron_h_moe FFN layer as MoE) as a random transformers model, writes it as an F32 GGUF
-     in the converter's layout (tests/gguf_fixtures.py) and quantizes it with llama.cpp's own
+     in the converter's layout (fixtures/gguf_fixtures.py) and quantizes it with llama.cpp's own
      quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS needs an
      importance matrix in llama.cpp, so that file is written by the fixtures (random valid
      IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
@@ -38,12 +38,13 @@ enable_profiling; exclusive kernel time by op type, by layer kind / op, and the 
 nodes: profile_decoder.py's aggregation) for each route run.
 
 Usage:
-    python benchmarks/bench_gguf.py --workdir /tmp/bench_gguf --threads 2 \
-        --json docs/bench_gguf.json
-    python benchmarks/bench_gguf.py --types Q8_0,Q4_K_M,IQ2_XXS \
+    python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_gguf --threads 2 \
+        --json benchmarks/investigations/runs/bench_gguf.json
+    python benchmarks/investigations/bench_gguf.py --types Q8_0,Q4_K_M,IQ2_XXS \
         --routes ort,dequantize+ort,ort+exact-fused,ort+int8 --json /tmp/bench_gguf_22.json
-    python benchmarks/bench_gguf.py --types F32 --routes ort,ort+exact-fused --profile
-    python benchmarks/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
+    python benchmarks/investigations/bench_gguf.py --types F32 --routes ort,ort+exact-fused \
+        --profile
+    python benchmarks/investigations/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
         --routes ort,ort+int8 --repeats 1 --decode-tokens 3 --prompt-length 16   # smoke run
 """
 
@@ -64,25 +65,12 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import CORPUS, MID, TINY, median_time, open_package, timed_decode, timed_export  # noqa: E402
 
-from bench_common import (  # noqa: E402
-    claim_workdir,
-    median_time,
-    open_package,
-    release_workdir,
-    session_options,
-    timed_decode,
-    timed_export,
-)
-from bench_mid import MID  # noqa: E402
+from mobius_lite.bench.package_peer import session_options  # noqa: E402
+from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
 
-# smoke-run size (--config tiny): the mid layer pattern at small widths
-TINY = {**MID, "hidden_size": 256, "moe_intermediate_size": 256, "n_routed_experts": 8}
-TINY.update(intermediate_size=256, vocab_size=512, mamba_num_heads=8, num_attention_heads=4)
-TINY.update(num_key_value_heads=2, moe_shared_expert_intermediate_size=256, chunk_size=16)
 ROUTES: dict[str, list[str]] = {
     "standard": [],
     "ort": ["--backend", "ort"],
@@ -96,7 +84,6 @@ REFERENCE_ROUTE = "ort"
 
 PATTERN = "ME*MEME*ME"
 KINDS = {"M": "mamba", "E": "moe", "*": "attention"}
-CORPUS = ["The quick brown fox jumps over the lazy dog.", "state space models, 1234!"] * 8
 
 
 def mid_moe(size: str = "mid") -> dict[str, Any]:
@@ -109,12 +96,11 @@ def write_files(
     """The F32 file and its quantizations; without llama.cpp, Q8_0 is gguf-py's quantization
     (the same block definition) and Q4_K_M is skipped (it needs llama.cpp's quantizer)."""
     import torch
-
-    from gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from nemotron_reference import make_reference
+    from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from fixtures.nemotron_reference import make_reference
 
     model = make_reference(mid_moe(size), seed=0)
-    with torch.no_grad():  # spread router scores so routing is not degenerate (as bench_mid)
+    with torch.no_grad():  # spread router scores so routing is not degenerate
         for layer in model.model.layers:
             if layer.block_type == "moe":
                 layer.mixer.gate.weight.normal_(0.0, 0.05)
@@ -168,8 +154,8 @@ def write_nvfp4(out: Path, model: Any, tokenizer: Any, special: dict[str, int]) 
     stacked experts); Q8_0 for every other matrix."""
     import re
 
-    from gguf_fixtures import converter_tensors, write_gguf
-    from gguf_nvfp4_fixtures import quantized_nvfp4
+    from fixtures.gguf_fixtures import converter_tensors, write_gguf
+    from fixtures.gguf_nvfp4_fixtures import quantized_nvfp4
 
     packed, sidecars = {}, {}
     for name, values in converter_tensors(model, "nemotron_h_moe").items():
@@ -345,7 +331,7 @@ def run_ort(package: Path, args: argparse.Namespace, logits_out: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_llamacpp(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> dict:
+def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> dict:
     import llama_cpp
 
     start = time.perf_counter()
@@ -447,7 +433,7 @@ def main() -> None:
     claim_workdir(args.workdir)
     files = write_files(args.workdir, args.types.split(","), args.config, not args.without_llamacpp)
     results: dict[str, Any] = {
-        "command": " ".join(["python benchmarks/bench_gguf.py", *sys.argv[1:]]),
+        "command": " ".join(["python benchmarks/investigations/bench_gguf.py", *sys.argv[1:]]),
         "config": f"{args.config} without dense MLP layers ({PATTERN}), nemotron_h_moe",
         "threads": args.threads,
         "prompt_length": args.prompt_length,
@@ -475,7 +461,7 @@ def main() -> None:
         for index in range(args.rounds):
             for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
                 if side == LLAMACPP:
-                    run = run_llamacpp(path, prompt, args)
+                    run = llamacpp_timed_with_logits(path, prompt, args)
                 else:
                     out = args.workdir / f"logits-{name}-{side}.npy"
                     run = run_ort(packages[side], args, out)

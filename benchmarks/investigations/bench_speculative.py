@@ -1,5 +1,5 @@
-"""Speculative greedy decoding on the "mid" model (hidden 1024, 64 experts, vocabulary 32,000;
-benchmarks/bench_mid.py's widths in bench_gguf.py's pattern ME*MEME*ME, which llama.cpp can
+r"""Speculative greedy decoding on the "mid" model (hidden 1024, 64 experts, vocabulary 32,000;
+benchmarks/common.py (MID)'s widths in bench_gguf.py's pattern ME*MEME*ME, which llama.cpp can
 load, with a one-layer MTP head), where a decoder step is memory-bound: what speculation
 gains over plain greedy decoding, and what a draft costs.
 
@@ -11,7 +11,7 @@ Modes, each over the whole `speculative_greedy` call (prefill included; a 32-tok
 48 new tokens by default; median over --rounds, the modes' order rotating every round):
   - plain: runtime.greedy;
   - scripted p=P k=K: a drafter that proposes the decoder's true continuation with
-    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; tests/speculative_fixtures.ScriptedHead,
+    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; fixtures/speculative_fixtures.ScriptedHead,
     no model call), K fixed at 1..4, and `adaptive` (the DraftController, K up to 4);
   - head k=K: the package's own head (random weights: its acceptance is near 0; its call cost
     is the real one), fixed K and adaptive;
@@ -24,10 +24,10 @@ decode of the Q8_0 GGUF runs in the same process when llama-cpp-python (the opti
 Timings on a shared machine are not quiet measurements: the load average is recorded.
 
 Usage:
-    python benchmarks/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
-        --json docs/bench_speculative.json
-    python benchmarks/bench_speculative.py --workdir /tmp/bench_spec_tiny --size tiny \
-        --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
+    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec --threads 2 \
+        --json benchmarks/investigations/runs/bench_speculative.json
+    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec_tiny \
+        --size tiny --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
 """
 
 from __future__ import annotations
@@ -45,23 +45,18 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
-from bench_common import claim_workdir, release_workdir, session_options  # noqa: E402
-from bench_mid import MID  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+from common import CORPUS, make_checkpoint  # noqa: E402
+from fixtures.speculative_fixtures import ScriptedHead  # noqa: E402
 
-from speculative_fixtures import ScriptedHead  # noqa: E402
+from mobius_lite.bench.package_peer import session_options  # noqa: E402
+from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
 
 # bench_gguf.py's mid MoE pattern: llama.cpp's nemotron_h_moe has no dense MLP layers
-PATTERN = {
-    "layers_block_type": [{"M": "mamba", "E": "moe", "*": "attention"}[c] for c in "ME*MEME*ME"]
-}
 PROBABILITIES = (0.0, 0.5, 0.7, 0.85, 1.0)
 KS = (1, 2, 3, 4)
 # A smoke-test size: the mid pattern with small widths (Q8_0 needs multiples of 32).
 TINY = {
-    **MID,
     "vocab_size": 512,
     "hidden_size": 64,
     "mamba_num_heads": 4,
@@ -79,36 +74,17 @@ TINY = {
 }
 
 
-def make_model(size: str, seed: int = 0) -> Any:
-    """The random transformers model of `size` ("mid" or "tiny"), declaring one MTP layer."""
-    import torch
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
-    widths = MID if size == "mid" else TINY
-    config = NemotronHConfig(**{**widths, **PATTERN}, num_nextn_predict_layers=1)
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"
-    torch.manual_seed(seed)
-    model = NemotronHForCausalLM(config).eval()
-    with torch.no_grad():  # spread router scores so routing is not degenerate (as bench_mid)
-        for layer in model.model.layers:
-            if layer.block_type == "moe":
-                layer.mixer.gate.weight.normal_(0.0, 0.05)
-    return model
-
-
 def build_packages(args: argparse.Namespace) -> dict[str, Path]:
     """The checkpoint (head tensors added), its Q8_0 GGUF, and the two packages."""
-    from bench_gguf import CORPUS
+    from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from fixtures.mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
     from safetensors.numpy import load_file, save_file
 
     import mobius_lite
-    from gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
 
-    model = make_model(args.size)
     checkpoint = args.workdir / "checkpoint"
-    model.save_pretrained(checkpoint)
+    widths = TINY if args.size == "tiny" else {}
+    model = make_checkpoint(checkpoint, "no-mlp", num_nextn_predict_layers=1, **widths)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(100))
     path = checkpoint / "model.safetensors"
     save_file({**load_file(path), **head}, path, metadata={"format": "pt"})
@@ -154,7 +130,7 @@ def modes(head_factory: Callable[[], Any]) -> dict[str, tuple[Any, int | None]]:
     return out
 
 
-def run_package(args: argparse.Namespace, package: Path) -> dict[str, Any]:
+def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     from mobius_lite.run.mtp_head import open_head
     from mobius_lite.run.runtime import DecoderSession, greedy
     from mobius_lite.run.speculative import speculative_greedy
@@ -231,7 +207,7 @@ def head_call_cost(decoder: Any, head: Any, ids: np.ndarray, repeats: int) -> di
     return {"draft_call_s": draft, "decoder_step_s": step, "draft_over_step": draft / step}
 
 
-def run_llama_cpp(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
+def llamacpp_plain_greedy(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
     """Plain greedy decode of the Q8_0 GGUF with llama.cpp, timed like the plain mode."""
     if importlib.util.find_spec("llama_cpp") is None:
         return {
@@ -289,8 +265,8 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "threads": args.threads,
-        "packages": {name: run_package(args, packages[name]) for name in ("f32", "q8_0-int8")},
-        "llama_cpp_q8_0": run_llama_cpp(args, packages["gguf"]),
+        "packages": {name: run_modes(args, packages[name]) for name in ("f32", "q8_0-int8")},
+        "llama_cpp_q8_0": llamacpp_plain_greedy(args, packages["gguf"]),
     }
     report["wall_s"] = round(time.perf_counter() - start, 1)
     report["load_average_before_after"] = [list(load_before), list(os.getloadavg())]
