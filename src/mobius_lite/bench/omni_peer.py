@@ -11,6 +11,13 @@ import numpy as np
 from mobius_lite.bench.measure import Tick, Timed, timed_call
 from mobius_lite.bench.package_peer import argmax_last, session_options
 from mobius_lite.enums import GraphRole
+from mobius_lite.io_contract import (
+    IMAGE_GRID_HW,
+    INPUT_FEATURES,
+    INPUT_FEATURES_MASK,
+    PIXEL_VALUES,
+    PIXEL_VALUES_VIDEOS,
+)
 from mobius_lite.run.omni_session import OmniSession
 from mobius_lite.run.package_reader import PackageFiles
 from mobius_lite.run.runtime import create_session, input_dtypes, session_providers
@@ -39,19 +46,19 @@ def synthetic_inputs(raw: dict[str, Any], mel_bins: int | None) -> dict[GraphRol
     grid = image // patch
     inputs: dict[GraphRole, dict] = {
         GraphRole.VISION_ENCODER: {
-            "pixel_values": rng.standard_normal((grid * grid, 3 * patch * patch)),
-            "image_grid_hw": np.array([[grid, grid]], dtype=np.int64),
+            PIXEL_VALUES: rng.standard_normal((grid * grid, 3 * patch * patch)),
+            IMAGE_GRID_HW: np.array([[grid, grid]], dtype=np.int64),
         },
         GraphRole.VIDEO_ENCODER: {
-            "pixel_values_videos": rng.standard_normal(
+            PIXEL_VALUES_VIDEOS: rng.standard_normal(
                 (1, VIDEO_FRAMES // temporal, 3 * temporal, video, video)
             ),
         },
     }
     if mel_bins is not None:
         inputs[GraphRole.AUDIO_ENCODER] = {
-            "input_features": rng.standard_normal((1, AUDIO_FRAMES, mel_bins)),
-            "input_features_mask": np.ones((1, AUDIO_FRAMES), dtype=np.int64),
+            INPUT_FEATURES: rng.standard_normal((1, AUDIO_FRAMES, mel_bins)),
+            INPUT_FEATURES_MASK: np.ones((1, AUDIO_FRAMES), dtype=np.int64),
         }
     return inputs
 
@@ -60,14 +67,14 @@ def describe_inputs(inputs: dict[GraphRole, dict]) -> str:
     parts = []
     for role, feeds in inputs.items():
         if role is GraphRole.VISION_ENCODER:
-            (h, w) = feeds["image_grid_hw"][0]
-            patch = int(round((feeds["pixel_values"].shape[1] / 3) ** 0.5))
+            (h, w) = feeds[IMAGE_GRID_HW][0]
+            patch = int(round((feeds[PIXEL_VALUES].shape[1] / 3) ** 0.5))
             parts.append(f"image {h * patch}x{w * patch}")
         elif role is GraphRole.VIDEO_ENCODER:
-            _, tubelets, channels, h, w = feeds["pixel_values_videos"].shape
+            _, tubelets, channels, h, w = feeds[PIXEL_VALUES_VIDEOS].shape
             parts.append(f"video {tubelets * channels // 3} frames {h}x{w}")
         else:
-            parts.append(f"audio {feeds['input_features'].shape[1]} mel frames")
+            parts.append(f"audio {feeds[INPUT_FEATURES].shape[1]} mel frames")
     return ", ".join(parts)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from mobius_lite.bench.measure import Tick, Timed, timed_call
 from mobius_lite.enums import GraphRole
+from mobius_lite.io_contract import LOGITS
 from mobius_lite.run.package_reader import PackageFiles
 from mobius_lite.run.runtime import DecoderSession, ort_module, session_providers, token_input
 
@@ -25,7 +26,7 @@ def session_options(threads: int) -> Any:
 
 def argmax_last(out: dict[str, np.ndarray]) -> int:
     """The greedy token of a decoder call: the argmax of its last position's logits."""
-    return int(np.argmax(out["logits"][0, -1]))
+    return int(np.argmax(out[LOGITS][0, -1]))
 
 
 class PackagePeer:

@@ -22,6 +22,7 @@ from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind, Precision
 from mobius_lite.graphs.decoder import build_decoder
+from mobius_lite.io_contract import LAYER_HIDDEN_PREFIX, PAST_PREFIX
 from mobius_lite.models.nemotron_h_names import EMBEDDING_WEIGHT, LM_HEAD_WEIGHT, router_scope
 
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
@@ -52,7 +53,7 @@ def package_precision(model: onnx.ModelProto) -> Precision:
         if init.name == EMBEDDING_WEIGHT:
             return _ONNX_TO_PRECISION.get(init.data_type, Precision.F32)
     for value in model.graph.input:
-        if value.name.startswith("past_key_values."):
+        if value.name.startswith(PAST_PREFIX):
             elem = value.type.tensor_type.elem_type
             return _ONNX_TO_PRECISION.get(elem, Precision.F32)
     return Precision.F32
@@ -72,7 +73,7 @@ def _wanted_taps(
     wanted: dict[str, tuple[str, str, int]] = {}
     exposing = set()
     for out in built.graph.outputs:
-        if out.name.startswith("hidden_states."):
+        if out.name.startswith(LAYER_HIDDEN_PREFIX):
             exposing.add(out.producer().name)
             source = out.producer().inputs[0]
             wanted[out.name] = (source.name, source.producer().name, 0)
@@ -130,7 +131,11 @@ def scoped_taps(
             if n.name.startswith(scope) and "/" not in n.name[len(scope) :] and n.op_type == "Add"
         ]
         if direct:
-            wanted[f"hidden_states.{layer.index}"] = (direct[-1].output[0], direct[-1].name, 0)
+            wanted[f"{LAYER_HIDDEN_PREFIX}{layer.index}"] = (
+                direct[-1].output[0],
+                direct[-1].name,
+                0,
+            )
         if layer.kind is not LayerKind.MOE:
             continue
         gate = [n for n in nodes if n.name.startswith(router_scope(layer.index))]

@@ -59,7 +59,7 @@ from mobius_lite.evaluation.validity import (
     source_fidelity,
 )
 from mobius_lite.hashing import sha256_file
-from mobius_lite.io_contract import WINDOW_PREFIX
+from mobius_lite.io_contract import LOGITS, WINDOW_PREFIX
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
 from mobius_lite.run.runtime import DecoderSession, greedy, session_providers
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
@@ -331,7 +331,7 @@ def _reference_run(
             out = runner.step(ids)
             for name, value in out.items():
                 arrays[f"{step}/{name}"] = value
-            ids = np.array([[int(np.argmax(out["logits"][0, -1]))]], dtype=np.int64)
+            ids = np.array([[int(np.argmax(out[LOGITS][0, -1]))]], dtype=np.int64)
         runner.close()
         del model, runner
     facts = {"implementation": MODEL_TYPES[model_type].reference_name}

@@ -23,6 +23,7 @@ from mobius_lite.errors import MobiusError
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.dense_reference import ReferenceRequest, is_head_reference_tensor
 from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, NOT_RUN, PASS, Verdict
+from mobius_lite.io_contract import LOGITS, MTP_HIDDEN_STATES, present_of
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 
 HEAD_PREFIX = "mtp/"
@@ -95,9 +96,10 @@ def run_heads(
         head.reset(1)
         for step, (ids, hidden) in zip(steps, feeds, strict=True):
             logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
-            arrays = {"logits": logits, "mtp_hidden_states": mtp_hidden, **head.past}
+            past = {present_of(name): value for name, value in head.past.items()}
+            arrays = {LOGITS: logits, MTP_HIDDEN_STATES: mtp_hidden, **past}
             for name, value in arrays.items():
-                ours[f"{HEAD_PREFIX}{step}/{name.replace('past_key_values', 'present')}"] = value
+                ours[f"{HEAD_PREFIX}{step}/{name}"] = value
         speculate = speculate or _text_speculation(package_dir, prompt, providers)
         drafted, stats = speculate(head, len(tokens), SPECULATIVE_K)
     except Exception as exc:  # evidence for the report, never a traceback

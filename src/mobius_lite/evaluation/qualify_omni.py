@@ -28,6 +28,15 @@ from mobius_lite.evaluation.qualify_mtp import score_head, split_head_arrays
 from mobius_lite.evaluation.qualify_sources import source_kind
 from mobius_lite.evaluation.scoring import FAIL, Verdict
 from mobius_lite.evaluation.validity import check_graph, source_fidelity
+from mobius_lite.io_contract import (
+    HIDDEN_STATES,
+    IMAGE_GRID_HW,
+    INPUT_FEATURES,
+    INPUT_FEATURES_MASK,
+    LOGITS,
+    PIXEL_VALUES,
+    PIXEL_VALUES_VIDEOS,
+)
 from mobius_lite.layout import MANIFEST_FILE
 from mobius_lite.weights.manifest import read_manifest
 from mobius_lite.weights.verify import quantized_at_export
@@ -62,27 +71,24 @@ def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Processed media of the shapes the processors produce: two images of different grids, a
     7-frame video (4 tubelets, so EVS ranks three of them; odd: the last frame repeats), and
     two audio clips of different lengths when the model has audio."""
-    from mobius_lite.configs.omni_audio import OmniAudioConfig
-    from mobius_lite.configs.omni_vision import OmniVisionConfig
-
     rng = np.random.default_rng(seed)
-    vision = OmniVisionConfig.from_dict(config.raw)
+    vision = config.vision_tower
     p, m = vision.radio.patch_size, vision.downsample_factor
     grid = np.array([[2 * m, 3 * m], [3 * m, 2 * m]], dtype=np.int64)
     media = {
-        "pixel_values": rng.standard_normal((int(grid.prod(-1).sum()), vision.radio.patch_dim)),
-        "image_grid_hw": grid,
+        PIXEL_VALUES: rng.standard_normal((int(grid.prod(-1).sum()), vision.radio.patch_dim)),
+        IMAGE_GRID_HW: grid,
     }
     frames = rng.standard_normal((7, vision.radio.num_channels, 2 * m * p, 2 * m * p))
     frames = np.concatenate([frames, frames[-1:]])  # the processor's odd-count padding
     channels = vision.radio.num_channels * (vision.radio.video_temporal_patch_size or 2)
-    media["pixel_values_videos"] = frames.reshape(1, -1, channels, 2 * m * p, 2 * m * p)
+    media[PIXEL_VALUES_VIDEOS] = frames.reshape(1, -1, channels, 2 * m * p, 2 * m * p)
     if config.has_audio:
-        bins = OmniAudioConfig.from_dict(config.raw).encoder.num_mel_bins
+        bins = config.audio_tower.encoder.num_mel_bins
         mask = np.zeros((2, 64), dtype=np.int64)
         mask[0], mask[1, :37] = 1, 1
-        media["input_features"] = rng.standard_normal((2, 64, bins))
-        media["input_features_mask"] = mask
+        media[INPUT_FEATURES] = rng.standard_normal((2, 64, bins))
+        media[INPUT_FEATURES_MASK] = mask
     return {k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in media.items()}
 
 
@@ -149,19 +155,19 @@ def _media_features(
     t = {k: torch.from_numpy(v) for k, v in media.items()}
     image_features = session._run(
         GraphRole.VISION_ENCODER,
-        {"pixel_values": media["pixel_values"], "image_grid_hw": media["image_grid_hw"]},
+        {k: media[k] for k in (PIXEL_VALUES, IMAGE_GRID_HW)},
     )[0]
     ours[f"{PREFILL}/image_features"] = image_features
-    expected = model.get_image_features(t["pixel_values"], t["image_grid_hw"])
+    expected = model.get_image_features(t[PIXEL_VALUES], t[IMAGE_GRID_HW])
     ref[f"{PREFILL}/image_features"] = torch.cat(expected.pooler_output).numpy()
 
     video, keep = session._run(
-        GraphRole.VIDEO_ENCODER, {"pixel_values_videos": media["pixel_values_videos"]}
+        GraphRole.VIDEO_ENCODER, {PIXEL_VALUES_VIDEOS: media[PIXEL_VALUES_VIDEOS]}
     )
     ours[f"{PREFILL}/video_features"] = video
-    (expected_video,) = model.get_video_features(t["pixel_values_videos"]).pooler_output
+    (expected_video,) = model.get_video_features(t[PIXEL_VALUES_VIDEOS]).pooler_output
     ref[f"{PREFILL}/video_features"] = expected_video.numpy()
-    tubelets = media["pixel_values_videos"].shape[1]
+    tubelets = media[PIXEL_VALUES_VIDEOS].shape[1]
     expected_keep = compute_retention_mask(expected_video, tubelets, model.video_pruning_rate)
     facts: dict[str, Any] = {"evs_mask_equal": bool(np.array_equal(keep, expected_keep.numpy()))}
     facts["evs_kept"] = [int(keep.sum()), int(expected_keep.sum())]
@@ -169,10 +175,10 @@ def _media_features(
     if session.config.has_audio:
         ours[f"{PREFILL}/audio_features"] = session._run(
             GraphRole.AUDIO_ENCODER,
-            {k: media[k] for k in ("input_features", "input_features_mask")},
+            {k: media[k] for k in (INPUT_FEATURES, INPUT_FEATURES_MASK)},
         )[0]
         ref[f"{PREFILL}/audio_features"] = model.get_audio_features(
-            t["input_features"], t["input_features_mask"]
+            t[INPUT_FEATURES], t[INPUT_FEATURES_MASK]
         ).pooler_output.numpy()
     return facts, len(image_features)
 
@@ -197,7 +203,7 @@ def _decode_both(
 
     config = session.config
     kinds = [layer.kind for layer in config.text.layers]
-    pixels, grid = media["pixel_values"], media["image_grid_hw"]
+    pixels, grid = media[PIXEL_VALUES], media[IMAGE_GRID_HW]
     ids = _prompt(config, image_tokens, seed=1)
     prepared = session.prepare(ids, Media(pixel_values=pixels, image_grid_hw=grid))
     run = greedy(
@@ -216,9 +222,9 @@ def _decode_both(
     names = [PREFILL] + [f"decode{i}" for i in range(steps)]
     length = ids.shape[1]
     for i, (step, out) in enumerate(zip(names, run.outputs, strict=True)):
-        ours[f"{step}/logits"] = out["logits"]
-        if "hidden_states" in out:  # a package with an MTP head: the head's input
-            ours[f"{step}/hidden_states"] = out["hidden_states"]
+        ours[f"{step}/{LOGITS}"] = out[LOGITS]
+        if HIDDEN_STATES in out:  # a package with an MTP head: the head's input
+            ours[f"{step}/{HIDDEN_STATES}"] = out[HIDDEN_STATES]
         ref[f"{step}/logits"] = reference.logits.float().numpy()
         for name, array in reference_cache_arrays(reference.cache, kinds).items():
             ours[f"{step}/{name}"] = out[name]

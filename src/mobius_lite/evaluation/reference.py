@@ -20,6 +20,7 @@ from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import LayerKind
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.cache_layout import reference_cache_arrays
+from mobius_lite.io_contract import LAYER_HIDDEN_PREFIX, LOGITS
 
 
 def _precision_knobs(torch: Any) -> list[tuple[Any, str]]:
@@ -191,7 +192,9 @@ class ReferenceRunner:
     def _block_hook(self, i: int):
         def hook(module: Any, args: Any, output: Any) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
-            self._captured[f"hidden_states.{i}"] = _numpy(hidden).reshape(-1, hidden.shape[-1])
+            self._captured[f"{LAYER_HIDDEN_PREFIX}{i}"] = _numpy(hidden).reshape(
+                -1, hidden.shape[-1]
+            )
 
         return hook
 
@@ -223,7 +226,7 @@ class ReferenceRunner:
         )
         self.cache = out.cache if hasattr(out, "cache") else out.past_key_values
         self.length = total
-        arrays = {"logits": _numpy(out.logits)}
+        arrays = {LOGITS: _numpy(out.logits)}
         arrays.update(reference_cache_arrays(self.cache, self.kinds))
         arrays.update(self._captured)
         return arrays

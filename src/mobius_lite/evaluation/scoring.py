@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, Comparison, compare
+from mobius_lite.io_contract import LAYER_HIDDEN_PREFIX
 
 PASS = "PASS"
 FAIL = "FAIL"
@@ -53,7 +54,7 @@ def family_of(name: str) -> str:
     """The array family of an output name (logits, hidden_states, attention_kv, ...)."""
     if name == "logits":
         return "logits"
-    if name.startswith("hidden_states."):
+    if name.startswith(LAYER_HIDDEN_PREFIX):
         return "hidden_states"
     if name.startswith("routing.") and name.endswith(".weights"):
         return "routing_weights"
