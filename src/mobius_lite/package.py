@@ -25,6 +25,7 @@ from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
 from mobius_lite.genai_config import genai_config, graph_section, mtp_head_overlay
 from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE, GENAI_MTP_OVERLAY_FILE
+from mobius_lite.listing import format_names
 from mobius_lite.sizes import parse_size
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.weights.binding import BindingPlan
@@ -175,11 +176,14 @@ class ModelPackage:
                 result = write_graphs(models, stage, shard_size=shard_size, on_bytes=bar.update)
             nonfinite = result.nonfinite
             if nonfinite and not allow_nonfinite:
-                shown = ", ".join(f"{n} ({c} values)" for n, c in list(nonfinite.items())[:10])
+                shown = format_names(
+                    [f"{n} ({c} values)" for n, c in nonfinite.items()],
+                    10,
+                    more=" and {} more tensors",
+                )
                 raise PackageError(
                     f"the checkpoint holds NaN or infinite weights: {shown}"
-                    + (f" and {len(nonfinite) - 10} more tensors" if len(nonfinite) > 10 else "")
-                    + "; a model with non-finite weights computes non-finite logits. Use an "
+                    "; a model with non-finite weights computes non-finite logits. Use an "
                     "intact checkpoint (re-download it), or pass --allow-nonfinite "
                     "(allow_nonfinite=True) to export it anyway; nothing was written"
                 )
