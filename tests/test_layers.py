@@ -15,7 +15,7 @@ ROOT = Path(mobius_lite.__file__).parent
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("enums", "errors", "layout", "listing", "sizes", "hashing", "registry", "version", "optional"),
+    ("enums", "errors", "layout", "listing", "sizes", "hashing", "hub_pins", "version", "optional"),
     ("formats",),
     ("sources",),
     ("configs",),

@@ -14,8 +14,8 @@ from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import Backend, Precision
 from mobius_lite.formats.quantize.recipe import QuantType
 from mobius_lite.genai_config import genai_limitations
+from mobius_lite.hub_pins import KNOWN_MODELS
 from mobius_lite.media.tokenizer import TOKENIZER_FILE, vocabulary_mismatch
-from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS
 from mobius_lite.sizes import parse_size
 from mobius_lite.weights.publish import check_destination
