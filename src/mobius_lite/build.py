@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.configs.model_type import ModelConfig, ModelType
+from mobius_lite.configs.model_type_entry import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
 from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES
 from mobius_lite.enums import Activations, Backend, DraftHead, GraphRole, Precision
