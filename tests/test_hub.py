@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 
 import mobius_lite
 from mobius_lite.errors import ConfigError, RouteError
-from mobius_lite.registry import COMMIT_SHA, KNOWN_MODELS, KnownModel, lookup, resolve_revision
+from mobius_lite.hub_pins import COMMIT_SHA, KNOWN_MODELS, KnownModel, lookup, resolve_revision
 from mobius_lite.sources import hub
 from nemotron_reference import make_reference
 

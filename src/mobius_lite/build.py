@@ -8,11 +8,13 @@ hub ids), weight format, then every tensor name, shape and dtype from safetensor
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.configs.model_type import ModelConfig, ModelType
+from mobius_lite.configs.model_type_entry import ModelConfig, ModelType
 from mobius_lite.configs.model_types import MODEL_TYPES, read_config
 from mobius_lite.configs.nemotron_h import LEGACY_FIELD_NAMES
 from mobius_lite.enums import Activations, Backend, DraftHead, GraphRole, Precision
@@ -34,6 +36,7 @@ from mobius_lite.source_kinds import SAFETENSORS_KIND, SOURCE_KINDS, layout_of, 
 from mobius_lite.sources import MemorySource
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.memory import checkpoint_state_dict
+from mobius_lite.sources.open import OpenedCheckpoint
 from mobius_lite.sources.quantized import QuantizedSource
 from mobius_lite.sources.tokenizer_file import check_tokenizer_json
 from mobius_lite.tasks import SUPPORTED_TASKS, TASKS, TEXT_GENERATION, TaskGraphs
@@ -129,7 +132,7 @@ def build(
     state_window_kernel: bool = False,
 ) -> ModelPackage:
     """Export a Nemotron-H checkpoint: a local directory, a .gguf file, or a hub id (pinned,
-    see registry; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
+    see hub_pins.py; `gguf_file` picks one GGUF file of a hub repository). Omni checkpoints
     export as several graphs (task image-text-to-text, see tasks/omni.py).
 
     Packed weights (GGUF blocks, ModelOpt NVFP4 / FP8) stay packed and compute on
@@ -150,6 +153,93 @@ def build(
     """
     if task is not None:
         check_task(task)
+    route = check_build_route(
+        dtype,
+        ep,
+        weights_backend=weights_backend,
+        activations=activations,
+        quantize=quantize,
+        quantize_output=quantize_output,
+        quantize_block_size=quantize_block_size,
+        quantize_asymmetric=quantize_asymmetric,
+        dequantize=dequantize,
+        draft_head=draft_head,
+        state_window_kernel=state_window_kernel,
+    )
+    opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
+    check_opened(opened, model, task, route.plan)
+    # the one parse of the config: its errors come before any weight download
+    model_type, parsed = read_config(opened.raw_config)
+    opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
+    source: TensorSource = opened.tensors()
+    check_fields_against_tensors(opened.raw_config, model_type, parsed, source)
+    source, metadata = export_source(source, route.plan, opened.resolved.source_record())
+    options = route.export_options(opened.unused_rules, opened.binding_hint)
+    exported = package_graphs(model_type, parsed, source, options)
+    check_graph_kernels((g.model for g in exported.graphs), route.provider)
+    warn_absent_mtp_head(exported, source)
+    return ModelPackage(
+        config=exported.decoder,
+        precision=route.precision,
+        graphs=exported.graphs,
+        source=source,
+        source_dir=opened.resolved.path,
+        provider=route.provider,
+        extra_files=opened.extra_files,
+        config_json=exported.config_json,
+        shared=exported.shared,
+        metadata=metadata,
+    )
+
+
+@dataclass(frozen=True)
+class BuildRoute:
+    """build()'s route arguments, checked before any checkpoint is opened: what the graphs
+    compute in (precision, provider), with which operators and CPU kernels, the MTP head's
+    route, and how the weights are stored (the plan of a quantization at export, or
+    dequantized)."""
+
+    precision: Precision
+    provider: str
+    backend: Backend
+    activations: Activations
+    plan: QuantizePlan | None
+    dequantize: bool
+    draft_head: DraftHead
+    state_window_kernel: bool
+
+    def export_options(self, unused_rules: Mapping[str, str], binding_hint: str) -> ExportOptions:
+        """The task's export options: this route plus what the source kind says about its
+        deliberately unused tensors and what a binding error tells the user to check."""
+        return ExportOptions(
+            self.precision,
+            self.backend,
+            self.dequantize,
+            unused_rules,
+            activations=self.activations,
+            binding_hint=binding_hint,
+            quantized=self.plan is not None,
+            draft_head=self.draft_head,
+            state_window_kernel=self.state_window_kernel,
+        )
+
+
+def check_build_route(
+    dtype: Precision | str,
+    ep: str,
+    *,
+    weights_backend: Backend | str,
+    activations: Activations | str,
+    quantize: QuantType | str | None,
+    quantize_output: QuantType | str | None,
+    quantize_block_size: int | None,
+    quantize_asymmetric: bool,
+    dequantize: bool,
+    draft_head: DraftHead | str,
+    state_window_kernel: bool,
+) -> BuildRoute:
+    """build()'s route arguments checked together, in this order, before any checkpoint is
+    fetched or read (RouteError for a combination no route runs)."""
     precision, provider = check_route(dtype, ep)
     backend = parse_backend(weights_backend)
     mode = check_activations(activations, backend, precision, provider)
@@ -167,7 +257,17 @@ def build(
             "the state_window kernels run on onnxruntime's CUDA provider only (its CPU kernels "
             "refuse state_window > 0): build them with the ort backend for the cuda provider"
         )
-    opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
+    return BuildRoute(
+        precision, provider, backend, mode, plan, dequantize, head_route, state_window_kernel
+    )
+
+
+def check_opened(
+    opened: OpenedCheckpoint, model: Any, task: str | None, plan: QuantizePlan | None
+) -> None:
+    """What the opened checkpoint's config and small files say, checked before its weights are
+    fetched: the task fits its model type, its weight format and a quantization at export fit
+    its source kind, its tokenizer.json is readable."""
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
     if plan is not None and opened.kind != SAFETENSORS_KIND.name:
@@ -176,42 +276,20 @@ def build(
             "quantizing at export takes a dense (BF16, FP16, FP32) safetensors checkpoint"
         )
     check_tokenizer_json(opened.extra_files)
-    # the one parse of the config: its errors come before any weight download
-    model_type, parsed = read_config(opened.raw_config)
-    opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
-    source: TensorSource = opened.tensors()
-    check_fields_against_tensors(opened.raw_config, model_type, parsed, source)
-    metadata: dict[str, Any] = {"source": opened.resolved.source_record()}
+
+
+def export_source(
+    source: TensorSource, plan: QuantizePlan | None, source_record: dict[str, Any]
+) -> tuple[TensorSource, dict[str, Any]]:
+    """The tensors the graphs bind (the checkpoint's, or with a plan its tensors quantized at
+    export) and the package metadata: where the checkpoint came from, and the quantization
+    with the tensors it left dense."""
+    metadata: dict[str, Any] = {"source": source_record}
     if plan is not None:
         choice = choose_quantization(source, plan)
         source = QuantizedSource(source, choice.recipes)
         metadata["quantization"] = {**plan.record(), "fallbacks": list(choice.fallbacks.values())}
-    options = ExportOptions(
-        precision,
-        backend,
-        dequantize,
-        opened.unused_rules,
-        activations=mode,
-        binding_hint=opened.binding_hint,
-        quantized=plan is not None,
-        draft_head=head_route,
-        state_window_kernel=state_window_kernel,
-    )
-    exported = package_graphs(model_type, parsed, source, options)
-    check_graph_kernels((g.model for g in exported.graphs), provider)
-    warn_absent_mtp_head(exported, source)
-    return ModelPackage(
-        config=exported.decoder,
-        precision=precision,
-        graphs=exported.graphs,
-        source=source,
-        source_dir=opened.resolved.path,
-        provider=provider,
-        extra_files=opened.extra_files,
-        config_json=exported.config_json,
-        shared=exported.shared,
-        metadata=metadata,
-    )
+    return source, metadata
 
 
 def quantize_plan(

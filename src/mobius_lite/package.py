@@ -25,6 +25,7 @@ from mobius_lite.enums import GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
 from mobius_lite.genai_config import genai_config, graph_section, mtp_head_overlay
 from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE, GENAI_MTP_OVERLAY_FILE
+from mobius_lite.listing import format_names
 from mobius_lite.sizes import parse_size
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.weights.binding import BindingPlan
@@ -32,7 +33,12 @@ from mobius_lite.weights.manifest import GraphPlan, build_manifest, write_manife
 from mobius_lite.weights.publish import check_destination, publish, staging_directory
 from mobius_lite.weights.summary import SaveSummary
 from mobius_lite.weights.verify import check_references, verify_package
-from mobius_lite.weights.writer import DEFAULT_SHARD_SIZE, external_initializers, write_graphs
+from mobius_lite.weights.writer import (
+    DEFAULT_SHARD_SIZE,
+    WriteResult,
+    external_initializers,
+    write_graphs,
+)
 
 
 @dataclass
@@ -162,27 +168,9 @@ class ModelPackage:
             v.const_value.nbytes for _, model in models for v in external_initializers(model)
         )
         with staging_directory(directory, needed=total) as stage:
-            with tqdm(
-                total=total,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                desc=f"writing {directory.name}",
-                disable=quiet,
-                mininterval=0.5,
-                leave=False,
-            ) as bar:
-                result = write_graphs(models, stage, shard_size=shard_size, on_bytes=bar.update)
-            nonfinite = result.nonfinite
-            if nonfinite and not allow_nonfinite:
-                shown = ", ".join(f"{n} ({c} values)" for n, c in list(nonfinite.items())[:10])
-                raise PackageError(
-                    f"the checkpoint holds NaN or infinite weights: {shown}"
-                    + (f" and {len(nonfinite) - 10} more tensors" if len(nonfinite) > 10 else "")
-                    + "; a model with non-finite weights computes non-finite logits. Use an "
-                    "intact checkpoint (re-download it), or pass --allow-nonfinite "
-                    "(allow_nonfinite=True) to export it anyway; nothing was written"
-                )
+            result = _write_with_progress(models, stage, shard_size, total, directory.name, quiet)
+            if not allow_nonfinite:
+                _refuse_nonfinite(result.nonfinite)
             aux = self._aux_files()
             for name, data in aux.items():
                 _write_new_file(stage / name, data)
@@ -196,21 +184,65 @@ class ModelPackage:
                 self.metadata,
                 self.shared,
             )
-            problems = check_references(stage, manifest)
-            if problems:
-                raise PackageError("the written package is inconsistent: " + "; ".join(problems))
-            if verify:
-                report = verify_package(stage, self.source, manifest=manifest, quiet=quiet)
-                if not report.ok:
-                    raise VerificationError(
-                        "written weights differ from the source: " + "; ".join(report.mismatches)
-                    )
+            self._check_written(stage, manifest, verify=verify, quiet=quiet)
             write_manifest(stage, manifest)
             publish(stage, directory, overwrite)
         self.last_save = SaveSummary.from_manifest(directory, manifest, time.perf_counter() - start)
         if not quiet:
             print(self.last_save.render(), file=sys.stderr)
         return directory
+
+    def _check_written(
+        self, stage: Path, manifest: dict[str, Any], *, verify: bool, quiet: bool
+    ) -> None:
+        """Raise unless every external reference of the staged package resolves and, with
+        `verify`, every written byte matches the source."""
+        problems = check_references(stage, manifest)
+        if problems:
+            raise PackageError("the written package is inconsistent: " + "; ".join(problems))
+        if verify:
+            report = verify_package(stage, self.source, manifest=manifest, quiet=quiet)
+            if not report.ok:
+                raise VerificationError(
+                    "written weights differ from the source: " + "; ".join(report.mismatches)
+                )
+
+
+def _write_with_progress(
+    models: list[tuple[str, ir.Model]],
+    stage: Path,
+    shard_size: int,
+    total: int,
+    name: str,
+    quiet: bool,
+) -> WriteResult:
+    """write_graphs into `stage` under a progress bar over the `total` bytes (none if quiet)."""
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f"writing {name}",
+        disable=quiet,
+        mininterval=0.5,
+        leave=False,
+    ) as bar:
+        return write_graphs(models, stage, shard_size=shard_size, on_bytes=bar.update)
+
+
+def _refuse_nonfinite(nonfinite: dict[str, int]) -> None:
+    """PackageError naming the tensors that hold NaN or infinite values, if any do."""
+    if not nonfinite:
+        return
+    shown = format_names(
+        [f"{n} ({c} values)" for n, c in nonfinite.items()], 10, more=" and {} more tensors"
+    )
+    raise PackageError(
+        f"the checkpoint holds NaN or infinite weights: {shown}"
+        "; a model with non-finite weights computes non-finite logits. Use an "
+        "intact checkpoint (re-download it), or pass --allow-nonfinite "
+        "(allow_nonfinite=True) to export it anyway; nothing was written"
+    )
 
 
 def _write_new_file(path: Path, data: bytes) -> None:

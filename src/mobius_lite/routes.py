@@ -15,6 +15,7 @@ import onnx_ir as ir
 from mobius_lite.enums import Activations, Backend, DraftHead, Precision
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import Cast
+from mobius_lite.listing import format_names
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 
 EXECUTION_PROVIDERS = ("cpu", "cuda")
@@ -202,7 +203,7 @@ def check_source_dtypes(bindings: Iterable[Any]) -> None:
         and np.dtype(b.source_dtype).name not in DENSE_SOURCE_DTYPES
     ]
     if bad:
-        shown = ", ".join(bad[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else "")
+        shown = format_names(bad, 10)
         raise RouteError(
             f"checkpoint tensors stored in a packed or integer format: {shown}; supported source "
             f"dtypes: {', '.join(DENSE_SOURCE_DTYPES)}. Export the BF16 release of this model "

@@ -14,8 +14,8 @@ from mobius_lite.configs.model_types import MODEL_TYPES
 from mobius_lite.enums import Backend, Precision
 from mobius_lite.formats.quantize.recipe import QuantType
 from mobius_lite.genai_config import genai_limitations
+from mobius_lite.hub_pins import KNOWN_MODELS
 from mobius_lite.media.tokenizer import TOKENIZER_FILE, vocabulary_mismatch
-from mobius_lite.registry import KNOWN_MODELS
 from mobius_lite.routes import EXECUTION_PROVIDERS
 from mobius_lite.sizes import parse_size
 from mobius_lite.weights.publish import check_destination
@@ -61,6 +61,7 @@ def shard_size(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """The `build` subcommand and its options, in the order --help lists them."""
     p = sub.add_parser(
         "build",
         help=COMMANDS["build"],
@@ -71,6 +72,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_source_arguments(p)
+    _add_route_arguments(p)
+    _add_weight_arguments(p)
+    _add_output_arguments(p)
+    p.set_defaults(run=run)
+
+
+def _add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """What to export and where: the checkpoint, its revision, the package directory, the task."""
     p.add_argument(
         "--model",
         required=True,
@@ -108,6 +118,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "logits and cache I/O, for Nemotron-H and Puzzle; image-text-to-text, the Omni graphs, "
         "for nemotron_h_omni)",
     )
+
+
+def _add_route_arguments(p: argparse.ArgumentParser) -> None:
+    """How the graphs compute: element type, execution provider, operators, activations."""
     p.add_argument(
         "--dtype",
         default="f32",
@@ -144,6 +158,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with no exact re-layout stays on the exact route, said at build "
         "(default: %(default)s)",
     )
+
+
+def _add_weight_arguments(p: argparse.ArgumentParser) -> None:
+    """How the weights are stored: quantized at export, the MTP head's route, dequantized."""
     p.add_argument(
         "--quantize",
         choices=[t.value for t in QuantType],
@@ -185,6 +203,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="store packed weights as dense --dtype weights instead (never done unless asked)",
     )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """How the package is written: shard size, overwrite, non-finite weights, quiet."""
     p.add_argument(
         "--shard-size",
         type=shard_size,
@@ -207,7 +229,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quiet", "-q", action="store_true", help="print nothing but errors (no progress bar)"
     )
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

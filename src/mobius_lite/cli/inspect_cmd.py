@@ -22,6 +22,7 @@ import onnx_ir as ir
 from mobius_lite.cli import COMMANDS
 from mobius_lite.errors import PackageError
 from mobius_lite.layout import GRAPH_FILES, MANIFEST_FILE
+from mobius_lite.listing import format_names
 from mobius_lite.sizes import human_bytes
 from mobius_lite.weights.external_data import external_ref
 
@@ -324,9 +325,7 @@ def subgraph_summary(subgraphs: list[dict[str, Any]]) -> list[str]:
     lines = []
     for kind, members in sorted(kinds.items()):
         scopes = list(dict.fromkeys(scope for scope, _ in members))
-        named = ", ".join(scopes[:MAX_SCOPES])
-        if len(scopes) > MAX_SCOPES:
-            named += f" and {len(scopes) - MAX_SCOPES} more"
+        named = format_names(scopes, MAX_SCOPES, more=" and {} more")
         op, noun = kind.split(" ", 1)
         noun = noun if len(members) == 1 else PLURAL.get(noun, noun + "s")
         nodes = sum(n for _, n in members)

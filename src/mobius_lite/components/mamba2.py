@@ -129,14 +129,13 @@ class Mamba2Mixer(nn.Module):
         (components/state_window.py).
         """
         s = self.spec
-        heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
-        group_width = s.n_groups * state
+        group_width = s.n_groups * s.ssm_state_size
 
         # Padding is zeroed before in_proj and after the conv, as the reference does.
         projected = self.in_proj(op, op.Mul(x, cast_to(op, token_mask, x.dtype)))
         gate, xbc, dt = op.Split(
             projected,
-            op.Constant(value_ints=[s.intermediate_size, s.conv_dim, heads]),
+            op.Constant(value_ints=[s.intermediate_size, s.conv_dim, s.num_heads]),
             axis=1,
             _outputs=3,
         )
@@ -157,34 +156,11 @@ class Mamba2Mixer(nn.Module):
             _outputs=3,
         )
 
-        # dt = clamp(softplus(dt + dt_bias), time_step_limit), FP32, [rows, heads].
-        dt = op.Softplus(op.Add(to_float32(op, dt), to_float32(op, self.dt_bias)))
-        low, high = s.time_step_limit
-        if low > 0.0 or not math.isinf(high):
-            dt = op.Clip(
-                dt,
-                op.Constant(value=ir.tensor(low, dtype=FLOAT)),
-                op.Constant(value=ir.tensor(min(high, 3.0e38), dtype=FLOAT)),
-            )
+        dt = self._time_step(op, dt)
         a = to_float32(op, self.A) if self.a_stored else op.Neg(op.Exp(to_float32(op, self.A_log)))
-
-        b_heads = self._per_head(op, b)  # [rows, G, H/G, N]
-        c_heads = self._per_head(op, c)
-        dt_heads = op.Reshape(dt, op.Constant(value_ints=[-1, s.n_groups, heads // s.n_groups, 1]))
-        key = op.Reshape(op.Mul(b_heads, dt_heads), dims.shape(op, heads * state))
-        query = op.Reshape(c_heads, dims.shape(op, heads * state))
-        value = op.Reshape(hidden, dims.shape(op, heads * head_dim))
-        decay = op.Reshape(op.Mul(dt, a), dims.shape(op, heads))
-
+        query, key, value, decay = self._ssd_operands(op, dims, hidden, b, c, dt, a)
         y, present_ssm, ssm_slots = self._recurrence(op, dims, query, key, value, decay, past_ssm)
-
-        # D skip connection, per head, in FP32.
-        y = op.Reshape(y, op.Constant(value_ints=[-1, heads, head_dim]))
-        skip = op.Mul(
-            op.Reshape(hidden, op.Constant(value_ints=[-1, heads, head_dim])),
-            op.Unsqueeze(to_float32(op, self.D), op.Constant(value_ints=[1])),
-        )
-        y = op.Reshape(op.Add(y, skip), op.Constant(value_ints=[-1, s.intermediate_size]))
+        y = self._skip(op, y, hidden)
 
         normed = self.norm(op, y, gate)
         out = self.out_proj(op, cast_to(op, normed, self.dtype))
@@ -200,6 +176,52 @@ class Mamba2Mixer(nn.Module):
             op, dims, past_conv, past_ssm, xbc_channels_first, key, value, decay
         )
         return out, present_conv, present_ssm, *windows
+
+    def _time_step(self, op: OpBuilder, dt: ir.Value) -> ir.Value:
+        """dt = clamp(softplus(dt + dt_bias), time_step_limit), FP32, [rows, heads]."""
+        dt = op.Softplus(op.Add(to_float32(op, dt), to_float32(op, self.dt_bias)))
+        low, high = self.spec.time_step_limit
+        if low > 0.0 or not math.isinf(high):
+            dt = op.Clip(
+                dt,
+                op.Constant(value=ir.tensor(low, dtype=FLOAT)),
+                op.Constant(value=ir.tensor(min(high, 3.0e38), dtype=FLOAT)),
+            )
+        return dt
+
+    def _ssd_operands(
+        self,
+        op: OpBuilder,
+        dims: Dims,
+        hidden: ir.Value,
+        b: ir.Value,
+        c: ir.Value,
+        dt: ir.Value,
+        a: ir.Value,
+    ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+        """The SSD recurrence's (query, key, value, decay) in LinearAttention's layout: C per
+        head, B * dt per head, x per head, dt * A."""
+        s = self.spec
+        heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
+        b_heads = self._per_head(op, b)  # [rows, G, H/G, N]
+        c_heads = self._per_head(op, c)
+        dt_heads = op.Reshape(dt, op.Constant(value_ints=[-1, s.n_groups, heads // s.n_groups, 1]))
+        key = op.Reshape(op.Mul(b_heads, dt_heads), dims.shape(op, heads * state))
+        query = op.Reshape(c_heads, dims.shape(op, heads * state))
+        value = op.Reshape(hidden, dims.shape(op, heads * head_dim))
+        decay = op.Reshape(op.Mul(dt, a), dims.shape(op, heads))
+        return query, key, value, decay
+
+    def _skip(self, op: OpBuilder, y: ir.Value, hidden: ir.Value) -> ir.Value:
+        """y + D * x, per head, in FP32: [rows, intermediate]."""
+        s = self.spec
+        heads, head_dim = s.num_heads, s.head_dim
+        y = op.Reshape(y, op.Constant(value_ints=[-1, heads, head_dim]))
+        skip = op.Mul(
+            op.Reshape(hidden, op.Constant(value_ints=[-1, heads, head_dim])),
+            op.Unsqueeze(to_float32(op, self.D), op.Constant(value_ints=[1])),
+        )
+        return op.Reshape(op.Add(y, skip), op.Constant(value_ints=[-1, s.intermediate_size]))
 
     def _conv(
         self, op: OpBuilder, dims: Dims, x: ir.Value, past_conv: ir.Value

@@ -271,6 +271,8 @@ def _from_tensors(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
 def _gguf_fields(
     metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]] | None
 ) -> dict[str, Any]:
+    """The config.json fields a GGUF file's metadata (and, when given, its tensor shapes)
+    carry, checked as llama.cpp reads them."""
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ConfigError(
@@ -308,28 +310,9 @@ def _gguf_fields(
 
     if at[LayerKind.ATTENTION]:
         first = at[LayerKind.ATTENTION][:1] if puzzle else at[LayerKind.ATTENTION]
-        out["num_attention_heads"] = _uniform(heads, first, "head_count")
-        out["num_key_value_heads"] = _uniform(kv, first, "head_count_kv")
-        key_len, value_len = meta.get("attention.key_length"), meta.get("attention.value_length")
-        if key_len is None or (value_len is not None and int(value_len) != int(key_len)):
-            raise ConfigError(
-                f"{arch}.attention.key_length={key_len} / value_length={value_len}: Nemotron-H "
-                "attention needs one head_dim"
-            )
-        out["head_dim"] = int(key_len)
+        out.update(_attention_fields(meta, heads, kv, first))
     if at[LayerKind.MAMBA]:
-        n_ssm_heads = int(meta.require("ssm.time_step_rank"))
-        inner = int(meta.require("ssm.inner_size"))
-        if n_ssm_heads <= 0 or inner % n_ssm_heads:
-            raise ConfigError(
-                f"{arch}.ssm.inner_size={inner} is not a multiple of "
-                f"ssm.time_step_rank={n_ssm_heads} (the Mamba head count)"
-            )
-        out["mamba_num_heads"] = n_ssm_heads
-        out["mamba_head_dim"] = inner // n_ssm_heads
-        out["ssm_state_size"] = int(meta.require("ssm.state_size"))
-        out["n_groups"] = int(meta.require("ssm.group_count"))
-        out["conv_kernel"] = int(meta.require("ssm.conv_kernel"))
+        out.update(_mamba_fields(meta))
     if puzzle:
         out.update(puzzle)  # per-layer sizes live in its block_configs
     else:
@@ -349,6 +332,42 @@ def _gguf_fields(
     if f"{arch}.nextn_predict_layers" in metadata:
         out.update(_nextn_fields(meta, blocks, nextn, out))
     return out
+
+
+def _attention_fields(
+    meta: _Meta, heads: list[int], kv: list[int], layers: list[int]
+) -> dict[str, Any]:
+    """Head counts (the one value at `layers`) and the one head_dim of the attention layers."""
+    fields: dict[str, Any] = {
+        "num_attention_heads": _uniform(heads, layers, "head_count"),
+        "num_key_value_heads": _uniform(kv, layers, "head_count_kv"),
+    }
+    key_len, value_len = meta.get("attention.key_length"), meta.get("attention.value_length")
+    if key_len is None or (value_len is not None and int(value_len) != int(key_len)):
+        raise ConfigError(
+            f"{meta.arch}.attention.key_length={key_len} / value_length={value_len}: Nemotron-H "
+            "attention needs one head_dim"
+        )
+    fields["head_dim"] = int(key_len)
+    return fields
+
+
+def _mamba_fields(meta: _Meta) -> dict[str, Any]:
+    """The Mamba mixers' sizes: heads, head dim, state size, groups, conv kernel."""
+    n_ssm_heads = int(meta.require("ssm.time_step_rank"))
+    inner = int(meta.require("ssm.inner_size"))
+    if n_ssm_heads <= 0 or inner % n_ssm_heads:
+        raise ConfigError(
+            f"{meta.arch}.ssm.inner_size={inner} is not a multiple of "
+            f"ssm.time_step_rank={n_ssm_heads} (the Mamba head count)"
+        )
+    return {
+        "mamba_num_heads": n_ssm_heads,
+        "mamba_head_dim": inner // n_ssm_heads,
+        "ssm_state_size": int(meta.require("ssm.state_size")),
+        "n_groups": int(meta.require("ssm.group_count")),
+        "conv_kernel": int(meta.require("ssm.conv_kernel")),
+    }
 
 
 def _nextn_layers(meta: _Meta, blocks: int) -> int:

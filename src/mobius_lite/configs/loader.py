@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mobius_lite.configs.model_type import ModelType
+from mobius_lite.configs.model_type_entry import ModelType
 from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.configs.nemotron_h_split import NemotronHDenseConfig, NemotronHSparseConfig
 from mobius_lite.configs.puzzle import PUZZLE_MODEL_TYPE, NemotronHPuzzleConfig

@@ -1,4 +1,5 @@
-"""The model types the exporter knows, by config.json's model_type (see configs/model_type.py).
+"""The registry of model types the exporter knows, by config.json's model_type; each entry is a
+`ModelType` (configs/model_type_entry.py).
 
 Adding a model type is one entry here (or in DECODER_TYPES for a decoder an Omni config may
 carry) plus its own modules: its config reader, its task's graphs, its reference.
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mobius_lite.configs.loader import DECODER_TYPES, unsupported
-from mobius_lite.configs.model_type import ModelConfig, ModelType
+from mobius_lite.configs.model_type_entry import ModelConfig, ModelType
 from mobius_lite.configs.omni import NEMOTRON_H_OMNI
 
 MODEL_TYPES: dict[str, ModelType] = {t.name: t for t in (*reversed(DECODER_TYPES), NEMOTRON_H_OMNI)}

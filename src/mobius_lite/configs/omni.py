@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mobius_lite.configs.loader import decoder_type, load_text_config
-from mobius_lite.configs.model_type import ModelConfig, ModelType
+from mobius_lite.configs.model_type_entry import ModelConfig, ModelType
 from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.configs.omni_audio import OmniAudioConfig
 from mobius_lite.configs.omni_vision import OmniVisionConfig

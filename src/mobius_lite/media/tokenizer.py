@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mobius_lite.errors import ConfigError
+from mobius_lite.listing import format_names
 from mobius_lite.optional import require
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -62,11 +63,10 @@ def vocabulary_mismatch(tokenizer_json: Path | bytes, vocab_size: int) -> str | 
     beyond = sorted(i for i in tokens if i >= vocab_size)
     if not beyond:
         return None
-    shown = ", ".join(f"{i} {tokens[i]!r}" for i in beyond[:3])
-    more = f" and {len(beyond) - 3} more" if len(beyond) > 3 else ""
+    shown = format_names([f"{i} {tokens[i]!r}" for i in beyond], 3, more=" and {} more")
     return (
         f"the tokenizer has {max(tokens) + 1} token ids but the model's vocabulary has "
-        f"{vocab_size}: {len(beyond)} of its tokens ({shown}{more}) "
+        f"{vocab_size}: {len(beyond)} of its tokens ({shown}) "
         f"{'has' if len(beyond) == 1 else 'have'} no embedding, and "
         "generate refuses a prompt that contains one; check that tokenizer.json belongs to "
         "this checkpoint"

@@ -33,21 +33,21 @@ from typing import Any
 
 import numpy as np
 
+from mobius_lite.configs.gguf_metadata import ARCHITECTURES
 from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.ggml.relayout_part import exact_relayout, split_suffix
 from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
 from mobius_lite.formats.ggml.weight import NBITS_PARTS
 from mobius_lite.formats.storage import Conversion
 from mobius_lite.formats.weight import OUTPUT_SCALE
+from mobius_lite.listing import format_names
 from mobius_lite.models.nemotron_h_gguf_scales import output_scales, sidecar_kind
 from mobius_lite.models.nemotron_h_names import SourceLayout
 from mobius_lite.sources.base import TensorInfo
 from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from mobius_lite.sources.names import Candidate, SourceRef
 
-ARCHITECTURES = ("nemotron_h", "nemotron_h_moe")
 CHECKPOINT_PREFIX = "backbone."
-MAX_LISTED = 20
 
 
 class ValueTransform(str, enum.Enum):
@@ -310,10 +310,9 @@ def nemotron_h_gguf_mapping(checkpoint: GGUFCheckpoint) -> list[GGUFTensorMappin
         else:
             mappings.append(mapping)
     if unknown:
-        shown = ", ".join(unknown[:MAX_LISTED])
-        more = f" (and {len(unknown) - MAX_LISTED} more)" if len(unknown) > MAX_LISTED else ""
+        shown = format_names(unknown)
         raise CheckpointError(
-            f"{len(unknown)} GGUF tensor(s) are not Nemotron-H tensors of {arch}: {shown}{more}"
+            f"{len(unknown)} GGUF tensor(s) are not Nemotron-H tensors of {arch}: {shown}"
         )
     return mappings
 

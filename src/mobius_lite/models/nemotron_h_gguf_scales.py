@@ -26,12 +26,12 @@ import re
 from typing import Any
 
 from mobius_lite.errors import CheckpointError
+from mobius_lite.listing import format_names
 
 SCALE, INPUT_SCALE = ".scale", ".input_scale"
 WEIGHT = ".weight"
 OUTPUT = "output"
 NVFP4 = "NVFP4"
-MAX_LISTED = 20
 
 # Block tensors (after `blk.N.`) whose matmul llama.cpp scales by `<name>.scale`.
 SCALED_BLOCK_WEIGHTS = (
@@ -111,10 +111,9 @@ def output_scales(checkpoint: Any) -> dict[str, str]:
         if problem is not None
     ]
     if problems:
-        shown = ", ".join(problems[:MAX_LISTED])
-        more = f" (and {len(problems) - MAX_LISTED} more)" if len(problems) > MAX_LISTED else ""
+        shown = format_names(problems)
         raise CheckpointError(
-            f"{len(problems)} GGUF scale tensor(s) cannot be applied: {shown}{more}. Scales "
+            f"{len(problems)} GGUF scale tensor(s) cannot be applied: {shown}. Scales "
             "are F32 [1] ([n_expert] for stacked experts) beside attention q/k/v/o, ffn "
             "up/down, shared and stacked experts, ssm_in/ssm_out, the latent projections or "
             "an NVFP4 output; re-convert the checkpoint with llama.cpp's converter"

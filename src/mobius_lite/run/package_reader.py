@@ -16,6 +16,7 @@ from typing import Any
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import PackageError
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, MANIFEST_FILE
+from mobius_lite.listing import format_names
 
 SHOWN_PROBLEMS = 2
 
@@ -49,12 +50,10 @@ class PackageFiles:
 
 def incomplete_package(directory: Path, problems: Sequence[str]) -> PackageError:
     """The one error for a package with missing, truncated or unreadable files."""
-    shown = "; ".join(problems[:SHOWN_PROBLEMS])
-    more = len(problems) - SHOWN_PROBLEMS
+    shown = format_names(problems, SHOWN_PROBLEMS, separator="; ", more=" (and {} more problems)")
     return PackageError(
         f"{directory} is incomplete: {shown}"
-        + (f" (and {more} more problems)" if more > 0 else "")
-        + "; copy the whole package directory again or re-export it with mobius build"
+        "; copy the whole package directory again or re-export it with mobius build"
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mobius_lite.errors import ConfigError
-from mobius_lite.registry import resolve_revision
+from mobius_lite.hub_pins import resolve_revision
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.sources.gguf_file import GGUF, SPLIT_NAME, GGUFCheckpoint
 from mobius_lite.sources.gguf_tokenizer import gguf_tokenizer_files

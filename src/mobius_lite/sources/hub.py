@@ -26,8 +26,8 @@ from huggingface_hub import errors as hub_errors_module
 
 from mobius_lite.errors import CheckpointError, ConfigError
 from mobius_lite.formats.modelopt.quant_config import HF_QUANT_CONFIG
+from mobius_lite.hub_pins import COMMIT_SHA, resolve_revision
 from mobius_lite.layout import CONFIG_FILE, TOKENIZER_FILES
-from mobius_lite.registry import COMMIT_SHA, resolve_revision
 from mobius_lite.sources.safetensors_files import INDEX_NAME
 
 # Small files fetched first: everything needed to validate the export before the weights.

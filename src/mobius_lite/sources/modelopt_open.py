@@ -25,6 +25,7 @@ from mobius_lite.formats.modelopt.quant_config import (
     ModelOptQuantization,
     QuantAlgo,
     check_tensors,
+    module_aliases,
     parse_quantization,
 )
 from mobius_lite.formats.modelopt.storage import e4m3_scales, fp8_weights, nvfp4_codes
@@ -80,13 +81,6 @@ def _read_hf_quant_config(opened: OpenedCheckpoint) -> dict[str, Any] | None:
         raise ConfigError(f"{path}: not valid JSON ({error})") from None
 
 
-def _aliases(module: str) -> tuple[str, ...]:
-    for a, b in (("backbone.", "model."), ("model.", "backbone.")):
-        if module.startswith(a):
-            return (module, b + module[len(a) :])
-    return (module,)
-
-
 def linear_modules(
     source: SafetensorsCheckpoint, quantization: ModelOptQuantization
 ) -> dict[str, tuple[int, int]]:
@@ -102,7 +96,7 @@ def linear_modules(
         elif name.endswith(WEIGHT) and source.info(name).dtype in (U8, E4M3):
             modules.add(name[: -len(WEIGHT)])
     for module in quantization.layers:
-        modules.update(a for a in _aliases(module) if a + WEIGHT in names)
+        modules.update(a for a in module_aliases(module) if a + WEIGHT in names)
     return {m: _logical_shape(source, names, m) for m in sorted(modules)}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mobius_lite.configs.model_type import ModelConfig
+from mobius_lite.configs.model_type_entry import ModelConfig
 from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.configs.omni import OmniConfig
 from mobius_lite.enums import Task

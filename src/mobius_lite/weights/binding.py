@@ -27,10 +27,10 @@ from mobius_lite.formats.weight import (
     WeightFormat,
     WeightFormatResolver,
 )
+from mobius_lite.listing import format_names
 from mobius_lite.sources.base import TensorInfo, TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
-MAX_LISTED = 20
 CONFIG_JSON_HINT = "Check that config.json belongs to these weights."
 
 
@@ -84,13 +84,6 @@ class BindingPlan:
     @property
     def bound_sources(self) -> set[str]:
         return {name for b in self.bindings for name in b.sources}
-
-
-def format_names(names: list[str]) -> str:
-    """At most MAX_LISTED names, then how many more."""
-    shown = ", ".join(names[:MAX_LISTED])
-    more = f" (and {len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""
-    return shown + more
 
 
 def plan_bindings(

@@ -29,7 +29,7 @@ from mobius_lite.sources.base import TensorSource
 from mobius_lite.version import __version__
 from mobius_lite.weights.binding import BindingPlan
 from mobius_lite.weights.publish import PENDING_MANIFEST, is_staging_name
-from mobius_lite.weights.writer import WriteResult, WrittenTensor
+from mobius_lite.weights.writer import Segment, WriteResult, WrittenTensor
 
 FORMAT = "mobius-lite-package"
 FORMAT_VERSION = 2
@@ -105,7 +105,40 @@ def build_manifest(
     if clash:
         raise PackageError(f"package metadata may not use the manifest's own keys {clash}")
     role_of = {g.file: g.role for g in graphs}
+    files = _file_entries(result, role_of, directory, other_files)
+    graph_entries, sources = _tensor_entries(result, graphs, role_of, source, shared)
+    unused = _unused_entries(graphs, source)
+    _check_accounted(source, sources, unused)
 
+    nonfinite = result.nonfinite
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tool": {"name": "mobius-lite", "version": __version__},
+        "dtype": dtype,
+        **metadata,
+        "graphs": graph_entries,
+        "files": files,
+        "totals": {
+            "graphs": len(graphs),
+            "initializers": len(result.tensors),
+            "source_tensors": len(sources),
+            "unused_tensors": len(unused),
+            "shared_tensors": len(shared),
+            "data_files": len(result.data_files),
+            "bytes_written": result.bytes_written,
+            "nonfinite_values": sum(nonfinite.values()),
+        },
+        "sources": sources,
+        "unused": unused,
+        "shared": shared,
+    }
+
+
+def _file_entries(
+    result: WriteResult, role_of: dict[str, str], directory: Path, other_files: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Every package file: its size and role, and the sha256 of a small graph or aux file."""
     files: dict[str, dict[str, Any]] = {}
     for name in [*result.model_files, *result.data_files, *other_files]:
         path = directory / name
@@ -118,7 +151,18 @@ def build_manifest(
             if size <= SMALL_FILE:
                 entry["sha256"] = sha256_file(path)
         files[name] = entry
+    return files
 
+
+def _tensor_entries(
+    result: WriteResult,
+    graphs: list[GraphPlan],
+    role_of: dict[str, str],
+    source: TensorSource,
+    shared: dict[str, list[str]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Each graph's initializers, and each bound source tensor with what it became; raise for
+    a source bound twice, or used by several graphs without being declared shared."""
     graph_entries: dict[str, dict[str, Any]] = {
         g.role: {"file": g.file, "initializers": {}} for g in graphs
     }
@@ -146,28 +190,44 @@ def build_manifest(
                     f"source tensor {segment.source} is used by the graphs {roles} but not "
                     "declared shared between them"
                 )
-            info = source.info(segment.source)
-            sources[segment.source] = {
-                "initializer": tensor.name,
-                "graphs": roles,
-                "transform": binding.transform,
-                "dtype": info.storage.name,
-                "shape": list(info.shape),
-                "nbytes": segment.source_nbytes,
-                "sha256": segment.source_sha256,
-                "written": written,
-            }
-            recipe = recipe_of(info.storage)
-            if recipe is not None:  # quantized at export: its recipe
-                sources[segment.source]["quantize"] = recipe.record()
-            if binding.part is not None:
-                sources[segment.source]["parts"] = [
-                    {"part": binding.part, "initializer": tensor.name, "written": written}
-                ]
+            sources[segment.source] = _source_entry(source, tensor, segment, roles, written)
     undeclared = sorted(set(shared) - set(sources))
     if undeclared:
         raise PackageError(f"tensors declared shared but not written: {undeclared[:10]}")
+    return graph_entries, sources
 
+
+def _source_entry(
+    source: TensorSource,
+    tensor: WrittenTensor,
+    segment: Segment,
+    roles: list[str],
+    written: dict[str, Any],
+) -> dict[str, Any]:
+    """What one source tensor became: its initializer, graphs, transform, hashes, recipe."""
+    binding = tensor.binding
+    assert binding is not None and segment.source is not None
+    info = source.info(segment.source)
+    entry: dict[str, Any] = {
+        "initializer": tensor.name,
+        "graphs": roles,
+        "transform": binding.transform,
+        "dtype": info.storage.name,
+        "shape": list(info.shape),
+        "nbytes": segment.source_nbytes,
+        "sha256": segment.source_sha256,
+        "written": written,
+    }
+    recipe = recipe_of(info.storage)
+    if recipe is not None:  # quantized at export: its recipe
+        entry["quantize"] = recipe.record()
+    if binding.part is not None:
+        entry["parts"] = [{"part": binding.part, "initializer": tensor.name, "written": written}]
+    return entry
+
+
+def _unused_entries(graphs: list[GraphPlan], source: TensorSource) -> dict[str, dict[str, Any]]:
+    """Every source tensor the graphs deliberately leave out, with the reason, by name."""
     unused = {}
     for name, reason in sorted({k: v for g in graphs for k, v in g.plan.unused.items()}.items()):
         info = source.info(name)
@@ -177,7 +237,11 @@ def build_manifest(
             "shape": list(info.shape),
             "nbytes": info.nbytes,
         }
+    return unused
 
+
+def _check_accounted(source: TensorSource, sources: dict[str, Any], unused: dict[str, Any]) -> None:
+    """Raise unless every source tensor is exactly once either bound or unused."""
     everything = set(source.names())
     accounted = set(sources) | set(unused)
     if everything != accounted or set(sources) & set(unused):
@@ -187,30 +251,6 @@ def build_manifest(
             f"manifest does not account for the source exactly: unaccounted {missing}, "
             f"unknown {extra}"
         )
-
-    nonfinite = result.nonfinite
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "tool": {"name": "mobius-lite", "version": __version__},
-        "dtype": dtype,
-        **metadata,
-        "graphs": graph_entries,
-        "files": files,
-        "totals": {
-            "graphs": len(graphs),
-            "initializers": len(result.tensors),
-            "source_tensors": len(sources),
-            "unused_tensors": len(unused),
-            "shared_tensors": len(shared),
-            "data_files": len(result.data_files),
-            "bytes_written": result.bytes_written,
-            "nonfinite_values": sum(nonfinite.values()),
-        },
-        "sources": sources,
-        "unused": unused,
-        "shared": shared,
-    }
 
 
 def manifest_initializers(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:

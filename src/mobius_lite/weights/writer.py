@@ -412,10 +412,7 @@ def write_graphs(
     """
     directory = Path(directory)
     values, per_graph, written_for = _unique_tensors(graphs)
-    users: dict[int, list[str]] = {}
-    for model_file, graph_values in per_graph.items():
-        for value in graph_values:
-            users.setdefault(id(written_for[id(value)]), []).append(model_file)
+    users = _users(per_graph, written_for)
     model_files = [name for name, _ in graphs]
     sizes = [v.const_value.nbytes for v in values]
     placement = plan_shards(sizes, shard_size)
@@ -432,7 +429,6 @@ def write_graphs(
             for value, size, (shard, offset) in zip(values, sizes, placement, strict=True):
                 out.seek(shard, offset)
                 tensor = value.const_value
-                nonfinite = 0
                 if isinstance(tensor, BoundTensor):
                     segments, nonfinite = _write_binding(
                         tensor.binding,
@@ -446,12 +442,7 @@ def write_graphs(
                     )
                     binding = tensor.binding
                 else:  # a builder constant: small, already in memory
-                    data = tensor.tobytes()
-                    out.write(data)
-                    if on_bytes is not None:
-                        on_bytes(len(data))
-                    segments = [Segment(None, 0, len(data), hashlib.sha256(data).hexdigest())]
-                    binding = None
+                    segments, nonfinite, binding = [_write_constant(tensor, out, on_bytes)], 0, None
                 length = sum(s.length for s in segments)
                 if length != size:
                     raise RuntimeError(f"{value.name}: wrote {length} bytes, expected {size}")
@@ -486,6 +477,28 @@ def write_graphs(
         _write_proto(model, directory, model_file, graph_values, records)
         result.file_sizes[model_file] = (directory / model_file).stat().st_size
     return result
+
+
+def _users(
+    per_graph: dict[str, list[ir.Value]], written_for: dict[int, ir.Value]
+) -> dict[int, list[str]]:
+    """id of each written value -> the model files whose graphs use it."""
+    users: dict[int, list[str]] = {}
+    for model_file, graph_values in per_graph.items():
+        for value in graph_values:
+            users.setdefault(id(written_for[id(value)]), []).append(model_file)
+    return users
+
+
+def _write_constant(
+    tensor: ir.TensorProtocol, out: _ShardWriter, on_bytes: Callable[[int], None] | None
+) -> Segment:
+    """Write a builder constant (small, already in memory) whole; its one segment."""
+    data = tensor.tobytes()
+    out.write(data)
+    if on_bytes is not None:
+        on_bytes(len(data))
+    return Segment(None, 0, len(data), hashlib.sha256(data).hexdigest())
 
 
 def _resolved(value):

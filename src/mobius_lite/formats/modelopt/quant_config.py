@@ -78,7 +78,9 @@ class ModelOptQuantization:
     def excluded(self, module: str) -> bool:
         """Whether `module` matches an exclusion (exact name or wildcard)."""
         return any(
-            fnmatchcase(name, pattern) for name in _aliases(module) for pattern in self.exclude
+            fnmatchcase(name, pattern)
+            for name in module_aliases(module)
+            for pattern in self.exclude
         )
 
     def scheme(self, module: str) -> QuantScheme:
@@ -86,7 +88,7 @@ class ModelOptQuantization:
         if self.excluded(module):
             return QuantScheme(QuantAlgo.NONE, None, self.kv_cache_algo)
         if self.quant_algo == MIXED_PRECISION:
-            for name in _aliases(module):
+            for name in module_aliases(module):
                 if name in self.layers:
                     return self.layers[name]
             return QuantScheme(QuantAlgo.NONE, None, self.kv_cache_algo)
@@ -97,8 +99,9 @@ class ModelOptQuantization:
         return self.scheme(module).algo
 
 
-def _aliases(module: str) -> tuple[str, ...]:
-    # released checkpoints and transformers name the trunk `backbone.`; some tools `model.`
+def module_aliases(module: str) -> tuple[str, ...]:
+    """`module` and its other trunk name: released checkpoints and transformers name the trunk
+    `backbone.`, some tools `model.`."""
     for a, b in (("backbone.", "model."), ("model.", "backbone.")):
         if module.startswith(a):
             return (module, b + module[len(a) :])

@@ -14,19 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
-import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import is_ort
 from mobius_lite.formats.dense import DenseStorage, Verbatim
+from mobius_lite.formats.modelopt.quant_config import E4M3, U8
 from mobius_lite.formats.modelopt.weight import FP8Weight, NVFP4Weight
 from mobius_lite.formats.storage import Conversion, Storage
-
-U8 = np.dtype(np.uint8)
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 def _refuse(what: str, target: Storage) -> RouteError:

@@ -2,9 +2,10 @@
 
 Each entry owns how its config is recognised and read, which task it exports and which
 reference implementation qualifies its packages. The entries live with their configs
-(configs/loader.py for the decoders, configs/omni.py for Omni); configs/model_types.py
-lists them. The qualify reference is named, not imported ("module:function"), because it is
-evaluation code, four layers above configs: it is imported only when qualify runs.
+(configs/loader.py for the decoders, configs/omni.py for Omni); configs/model_types.py is the
+registry that lists them. The qualify reference is named, not imported ("module:function"),
+because it is evaluation code, four layers above configs: it is imported only when qualify
+runs.
 """
 
 from __future__ import annotations
