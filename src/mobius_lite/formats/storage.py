@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.enums import Backend
+from mobius_lite.formats.parts import PartOf
 from mobius_lite.formats.weight import WeightFormat
 
 Bytes = bytes | memoryview
@@ -60,6 +61,12 @@ class Storage(Protocol):
 
     def conversion_to(self, target: Storage) -> Conversion:
         """The conversion into `target`; RouteError when there is none."""
+        ...
+
+    def part_conversion(self, part: PartOf, shape: tuple[int, ...], dtype: np.dtype) -> Conversion:
+        """The conversion of a tensor stored as `shape` into `part` of one of its re-layouts
+        (formats/parts.py; the part's parameter of element type `dtype`); RouteError when this
+        storage has no such re-layout."""
         ...
 
     @property

@@ -26,22 +26,23 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.formats.contrib import contrib_op, typed
 from mobius_lite.formats.ggml.exact_codes import code_form
-from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element, layout_parts
+from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element
 from mobius_lite.formats.ggml.qmoe_mins import (
     MIN_TYPE,
     SUB,
     SUMS_PER_SUPER,
     SUPER,
+    MinTermOperand,
     MinTermPlan,
     ggml_bytes,
     min_term_bytes,
     min_term_plan,
     operand_shapes,
 )
-from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
+from mobius_lite.formats.ggml.relayout_part import exact_layout_parameters, exact_layout_values
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
-from mobius_lite.formats.ggml.weight import GGMLWeight, exact_layout_parameters
-from mobius_lite.formats.weight import FusedExperts, InsideQMoE
+from mobius_lite.formats.parts import Operand, PartOf, part_parameters
+from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat
 
 UINT8 = ir.DataType.UINT8
 
@@ -75,8 +76,8 @@ class QMoEExperts(InsideQMoE):
     type: GGMLType
     dtype: ir.DataType
     shape: tuple[int, ...]
-    kind: str  # FC1_KIND or FC2_KIND
-    exact: GGMLWeight  # the slot's exact format, if the layer falls back to it
+    kind: str  # "fc1" or "fc2"
+    exact: WeightFormat  # the slot's exact format (a GGMLWeight), if the layer falls back to it
     int8: bool = False  # int8 activations allowed (the int8 route)
 
     @property
@@ -126,13 +127,13 @@ class QMoEExperts(InsideQMoE):
         return "do not both fit one QMoE layout (one bit width and block size)"
 
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
-        return exact_layout_parameters(self.type.name, self.kind, shape)
+        return exact_layout_parameters(self.type.name, Operand.of_experts(self.kind), shape)
 
     def operands(
         self, op: OpBuilder, params: dict[str, ir.Value]
     ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         """(weights, scales, zero points or None) for QMoE's fc1 / fc2 inputs."""
-        parts = {p: params[part_suffix(self.kind, p)] for p in layout_parts(self.type.name)}
+        parts = exact_layout_values(self.type.name, Operand.of_experts(self.kind), params)
         return parts["b"], parts["scales"], parts.get("zero_points")
 
 
@@ -145,9 +146,9 @@ class MinTermExperts(InsideQMoE):
     type: GGMLType
     dtype: ir.DataType
     shape: tuple[int, ...]
-    kind: str  # FC1_KIND or FC2_KIND
+    kind: str  # "fc1" or "fc2"
     plan: MinTermPlan
-    exact: GGMLWeight
+    exact: WeightFormat
 
     @property
     def name(self) -> str:
@@ -169,24 +170,27 @@ class MinTermExperts(InsideQMoE):
     def _shapes(self, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         return operand_shapes(self.type.name, self.kind, self.plan, shape)
 
+    @property
+    def layout(self) -> MinTermOperand:
+        return MinTermOperand(Operand.of_experts(self.kind), self.plan)
+
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
-        kind = self.plan.kind(self.kind)
         types = {"b": UINT8, "scales": ir.DataType.FLOAT, "zero_points": UINT8}
-        return {
-            part_suffix(kind, p): nn.Parameter(list(s), dtype=types[p])
-            for p, s in self._shapes(shape).items()
-        }
+        return part_parameters(
+            {PartOf(self.layout, p): (s, types[p]) for p, s in self._shapes(shape).items()}
+        )
 
     def operands(
         self, op: OpBuilder, params: dict[str, ir.Value]
     ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-        kind = self.plan.kind(self.kind)
-        zero_points = params.get(part_suffix(kind, "zero_points"))
-        return params[part_suffix(kind, "b")], params[part_suffix(kind, "scales")], zero_points
+        def part(name: str) -> str:
+            return PartOf(self.layout, name).suffix
+
+        return params[part("b")], params[part("scales")], params.get(part("zero_points"))
 
     def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         """fc1's input: x, with its block sums appended when up is Q4_K."""
-        if self.kind != FC1_KIND or not self.plan.augmented:
+        if self.kind != "fc1" or not self.plan.augmented:
             return x
         return augment_input(op, x, self.plan, self.shape[-1])
 
@@ -262,8 +266,6 @@ def emit_qmoe(
 
 
 __all__ = [
-    "FC1_KIND",
-    "FC2_KIND",
     "MinTermExperts",
     "QMoEExperts",
     "augment_input",

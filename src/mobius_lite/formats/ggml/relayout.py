@@ -39,6 +39,19 @@ BLOCK_SIZE = 32  # both types' block; MatMulNBits accepts powers of two >= 16
 
 
 @dataclass(frozen=True)
+class MatMulNBitsBlocks:
+    """The re-layout of Q8_0 / Q4_0 blocks into MatMulNBits' B and fp16 scales (this module),
+    whose parts (formats/parts.py) are `<slot>_nbits_b` and `<slot>_nbits_scales`."""
+
+    @property
+    def tag(self) -> str:
+        return "nbits"
+
+
+NBITS_BLOCKS = MatMulNBitsBlocks()
+
+
+@dataclass(frozen=True)
 class MatMulNBitsWeights:
     """MatMulNBits inputs for one [N, K] weight.
 
