@@ -23,8 +23,8 @@ import onnx_ir as ir
 from bench_common import session_options
 from onnxscript import GraphBuilder
 
-from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU
-from mobius_lite.formats.ggml.qmoe import augment_input, emit_qmoe
+from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU, emit_qmoe
+from mobius_lite.formats.ggml.qmoe import augment_input
 from mobius_lite.formats.ggml.qmoe_mins import MinTermPlan, min_term_layout
 from mobius_lite.formats.ggml.types import GGML_TYPES
 

@@ -166,6 +166,21 @@ def test_no_import_cycle() -> None:
     assert cycle is None, " -> ".join(cycle or [])
 
 
+def test_no_component_imports_a_storage_format() -> None:
+    """Components ask a slot's WeightFormat; only the generic formats modules (the protocols,
+    the typed re-layout plan, com.microsoft helpers) are theirs to import."""
+    specific = ("mobius_lite.formats.ggml", "mobius_lite.formats.modelopt")
+    specific += ("mobius_lite.formats.quantize",)
+    found = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if module.startswith("mobius_lite.components.")
+        for target in targets
+        if target.startswith(specific)
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_import_cycle_is_found() -> None:
     assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert import_cycle({"a": {"b"}, "b": set()}) is None

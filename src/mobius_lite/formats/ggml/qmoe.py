@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.formats.contrib import contrib_op, typed
+from mobius_lite.formats.contrib import typed
 from mobius_lite.formats.ggml.exact_codes import code_form
 from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element
 from mobius_lite.formats.ggml.qmoe_mins import (
@@ -227,49 +227,10 @@ def augment_input(op: OpBuilder, x: ir.Value, plan: MinTermPlan, hidden: int) ->
     return typed(out, ir.DataType.FLOAT, None)
 
 
-def emit_qmoe(
-    op: OpBuilder,
-    x: ir.Value,
-    router_probs: ir.Value,
-    router_weights: ir.Value,
-    fc1: tuple[ir.Value, ir.Value, ir.Value | None],
-    fc2: tuple[ir.Value, ir.Value, ir.Value | None],
-    *,
-    k: int,
-    fc1_bits: int,
-    fc2_bits: int,
-    block_size: int,
-    accuracy_level: int,
-    activation: dict[str, object],
-) -> ir.Value:
-    """One com.microsoft QMoE node: selection by `router_probs` (top-k), mixing by the values
-    of `router_weights` at the selected experts as given (normalize_routing_weights=0)."""
-    (w1, s1, z1), (w2, s2, z2) = fc1, fc2
-    inputs: list[ir.Value | None] = [x, router_probs, w1, s1, None, w2, s2, None]
-    inputs += [None, None, None, z1, z2, None, router_weights]
-    out = op.QMoE(
-        *inputs,
-        k=k,
-        expert_weight_bits=fc1_bits,
-        fc1_expert_weight_bits=fc1_bits,
-        fc2_expert_weight_bits=fc2_bits,
-        block_size=block_size,
-        accuracy_level=accuracy_level,
-        normalize_routing_weights=0,
-        use_sparse_mixer=0,
-        weights_prepacked=0,  # the raw [E, N, K * bits / 8] layout (the default -1 means an
-        # execution provider's own prepacked layout)
-        **activation,
-        **contrib_op(op),
-    )
-    return typed(out, ir.DataType.FLOAT, None)
-
-
 __all__ = [
     "MinTermExperts",
     "QMoEExperts",
     "augment_input",
-    "emit_qmoe",
     "experts_byte_cost",
     "qmoe_refusal",
 ]
