@@ -48,7 +48,7 @@ from mobius_lite.formats.ggml.kquants import _nibbles_256, _per16, _per32, _scal
 from mobius_lite.formats.ggml.legacy import _nibbles
 from mobius_lite.formats.ggml.mxfp4 import E8M0_HALF, KVALUES_MXFP4
 from mobius_lite.formats.ggml.nvfp4 import UE4M3_HALF
-from mobius_lite.formats.ggml.types import GGML_TYPES
+from mobius_lite.formats.ggml.types import GGML_TYPES, CodeForm
 
 
 @dataclass(frozen=True)
@@ -68,24 +68,9 @@ class ExactCodes:
         return int(self.codes.shape[-1])
 
 
-@dataclass(frozen=True)
-class CodeForm:
-    """What a type's exact code form is (the module table), before any data is read."""
-
-    bits: int
-    block_size: int
-    zero_point: int
-    has_mins: bool = False
-
-
+# the types with an exact code form (their GGMLType rows' `exact`), in ggml's order
 CODE_FORMS: dict[str, CodeForm] = {
-    "Q4_0": CodeForm(4, 32, 8),
-    "Q8_0": CodeForm(8, 32, 128),
-    "Q4_K": CodeForm(4, 32, 0, has_mins=True),
-    "Q6_K": CodeForm(8, 16, 128),
-    "IQ2_XXS": CodeForm(8, 32, 128),
-    "MXFP4": CodeForm(8, 32, 128),
-    "NVFP4": CodeForm(8, 16, 128),
+    t.name: t.exact for t in GGML_TYPES.values() if t.exact is not None
 }
 EXACT_CODE_TYPES: tuple[str, ...] = tuple(CODE_FORMS)
 

@@ -36,7 +36,7 @@ from mobius_lite.formats.ggml.relayout import (
     emit_matmulnbits,
 )
 from mobius_lite.formats.ggml.relayout_part import exact_layout_parameters, exact_layout_values
-from mobius_lite.formats.ggml.types import GGMLType
+from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.parts import Operand, PartOf, part_parameters
 from mobius_lite.formats.weight import FusedExperts, gemm_transposed
 
@@ -44,13 +44,9 @@ from mobius_lite.formats.weight import FusedExperts, gemm_transposed
 NBITS_B = PartOf(NBITS_BLOCKS, "b")
 NBITS_SCALES = PartOf(NBITS_BLOCKS, "scales")
 
-# ggml types onnxruntime 1.32's CPU GatherPacked accepts (probed: tests/test_gguf_export.py
-# checks each against the numpy decode, and that the others are refused; TQ1_0, TQ2_0, MXFP4,
-# NVFP4 and Q1_0 are refused, tests/formats/test_ggml_fp4_ternary.py).
-GATHER_PACKED_CPU = frozenset(
-    {"Q4_0", "Q5_0", "Q8_0", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"}
-    | {"IQ4_NL", "IQ4_XS"}
-)
+# ggml types onnxruntime 1.32's CPU GatherPacked accepts (their GGMLType rows' `gather_packed`;
+# TQ1_0, TQ2_0, MXFP4, NVFP4 and Q1_0 are refused, tests/formats/test_ggml_fp4_ternary.py).
+GATHER_PACKED_CPU = frozenset(t.name for t in GGML_TYPES.values() if t.gather_packed)
 # MatMulPacked has no CPU kernel and takes f16 / bf16 activations; used for bf16 graphs only
 # (bf16 runs on CUDA only, routes.PROVIDER_PRECISIONS), with the types of the same contract.
 MATMUL_PACKED = GATHER_PACKED_CPU
