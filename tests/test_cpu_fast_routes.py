@@ -1,5 +1,5 @@
 """The fused CPU routes of issue 22 (`--activations exact-fused | int8`, components/moe_fused.py,
-formats/ggml/exact_codes.py): exactness against independent references, and the int8 route
+formats/ggml/relayout/exact_codes.py): exactness against independent references, and the int8 route
 against llama.cpp's own error on the same weights.
 
 References, none of them the code under test: a float64 numpy ReLU^2 MoE over gguf-py's
@@ -36,10 +36,10 @@ from mobius_lite.evaluation.metrics import (
     compare,
     int8_activation_gate,
 )
-from mobius_lite.formats.ggml.exact_codes import exact_codes
-from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, to_nbits_layout
-from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
-from mobius_lite.formats.ggml.qmoe import QMoEExperts
+from mobius_lite.formats.ggml.relayout.exact_codes import exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import NBitsLayout, to_nbits_layout
+from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
+from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import CodeLayout, Operand

@@ -31,8 +31,8 @@ from gguf_nvfp4_fixtures import quantized_nvfp4, write_modelopt_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import compare, int8_activation_gate
-from mobius_lite.formats.ggml.nbits_layout import to_nbits_layout
-from mobius_lite.formats.ggml.qmoe import QMoEExperts
+from mobius_lite.formats.ggml.relayout.exact_layout import to_nbits_layout
+from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import CodeLayout, Operand

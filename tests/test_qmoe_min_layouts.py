@@ -1,5 +1,5 @@
-"""Q4_K experts on QMoE (formats/ggml/qmoe_mins.py): the min term as block-sum input columns
-(Q4_K up) and a doubled / tripled intermediate (Q4_K down).
+"""Q4_K experts on QMoE (formats/ggml/relayout/qmoe_min_term.py): the min term as block-sum
+input columns (Q4_K up) and a doubled / tripled intermediate (Q4_K down).
 
 References, none of them the code under test: gguf-py's `dequantize` of the same blocks; a
 float64 numpy ReLU^2 MoE over those values; llama.cpp's Q8_K activation quantization
@@ -23,14 +23,14 @@ from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare, int8_activation_gate
-from mobius_lite.formats.ggml.qmoe import MinTermExperts, QMoEExperts
-from mobius_lite.formats.ggml.qmoe_mins import (
+from mobius_lite.formats.ggml.relayout.exact_parts import layout_decode
+from mobius_lite.formats.ggml.relayout.qmoe_experts import MinTermExperts, QMoEExperts
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
     MinTermPlan,
     logical_weight,
     min_term_layout,
     min_term_plan,
 )
-from mobius_lite.formats.ggml.relayout_part import layout_decode
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import Operand, PartParameter

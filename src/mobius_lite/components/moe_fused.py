@@ -130,7 +130,8 @@ def quantized_fused_experts(
     accuracy_level: int,
 ) -> ir.Value:
     """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc); the
-    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums: qmoe_mins.py)."""
+    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums: formats/ggml/
+    relayout/qmoe_min_term.py)."""
     (up, up_params), (down, down_params) = fc1, fc2
     e = spec.n_routed_experts
     zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))

@@ -11,9 +11,9 @@ from __future__ import annotations
 from functools import cache
 from itertools import product
 
-from mobius_lite.formats.ggml.qmoe_mins import MinTermOperand, MinTermPlan
-from mobius_lite.formats.ggml.relayout import NBITS_BLOCKS
-from mobius_lite.formats.ggml.relayout_part import PARTS as CODE_PARTS
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import NBITS_BLOCKS
+from mobius_lite.formats.ggml.relayout.exact_parts import PARTS as CODE_PARTS
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import MinTermOperand, MinTermPlan
 from mobius_lite.formats.parts import CodeLayout, Operand, PartOf
 from mobius_lite.formats.quantize.nbits_weight import PARTS as NBITS_PARTS
 from mobius_lite.formats.quantize.nbits_weight import Q_BLOCKS

@@ -67,7 +67,7 @@ class Operand(enum.Enum):
 @dataclass(frozen=True)
 class CodeLayout:
     """A block-wise code layout of a weight for `operand`: the exact re-layout of ggml codes
-    (formats/ggml/exact_codes.py) or int4 / int8 blocks quantized at export."""
+    (formats/ggml/relayout/exact_codes.py) or int4 / int8 blocks quantized at export."""
 
     operand: Operand
 

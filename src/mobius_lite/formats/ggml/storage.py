@@ -24,14 +24,14 @@ from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
 from mobius_lite.formats.ggml.codecs import codec_of
-from mobius_lite.formats.ggml.qmoe_mins import MinTermOperand
-from mobius_lite.formats.ggml.relayout import (
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     BLOCK_SIZE,
     RELAYOUT_TYPES,
     MatMulNBitsBlocks,
     to_matmulnbits,
 )
-from mobius_lite.formats.ggml.relayout_part import ExactRelayoutPart, MinTermRelayoutPart
+from mobius_lite.formats.ggml.relayout.exact_parts import ExactRelayoutPart, MinTermRelayoutPart
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import MinTermOperand
 from mobius_lite.formats.ggml.types import GGMLType
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import CodeLayout, PartOf
@@ -121,8 +121,9 @@ class Dequantize(_BlockwiseConversion):
 
 @dataclass(frozen=True)
 class RelayoutPart(_BlockwiseConversion):
-    """One MatMulNBits input cut losslessly out of Q8_0 / Q4_0 blocks (relayout.py):
-    "b" (uint8 [N, k_blocks, blob]) or "scales" (ggml's fp16 scale bits, [N, k_blocks])."""
+    """One MatMulNBits input cut losslessly out of Q8_0 / Q4_0 blocks (relayout/
+    blocks_matmulnbits.py): "b" (uint8 [N, k_blocks, blob]) or "scales" (ggml's fp16 scale
+    bits, [N, k_blocks])."""
 
     type: GGMLType
     part: str

@@ -26,16 +26,19 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
 from mobius_lite.formats.ggml.codecs import codec_of
-from mobius_lite.formats.ggml.exact_codes import code_form
-from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
-from mobius_lite.formats.ggml.qmoe import QMoEExperts, qmoe_refusal
-from mobius_lite.formats.ggml.relayout import (
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     BLOCK_SIZE,
     NBITS_BLOCKS,
     RELAYOUT_TYPES,
     emit_matmulnbits,
 )
-from mobius_lite.formats.ggml.relayout_part import exact_layout_parameters, exact_layout_values
+from mobius_lite.formats.ggml.relayout.exact_codes import code_form
+from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
+from mobius_lite.formats.ggml.relayout.exact_parts import (
+    exact_layout_parameters,
+    exact_layout_values,
+)
+from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts, qmoe_refusal
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.parts import Operand, PartOf, part_parameters
 from mobius_lite.formats.weight import FusedExperts, gemm_transposed
@@ -101,7 +104,7 @@ class GGMLWeight:
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         """This stacked expert slot as QMoE's fc1 ("fc1", up) or fc2 ("fc2", down) operand
-        (formats/ggml/qmoe.py), or why it cannot be one exactly (a sentence)."""
+        (formats/ggml/relayout/qmoe_experts.py), or why it cannot be one exactly (a sentence)."""
         refusal = qmoe_refusal(self.type.name, int8)
         if refusal is not None:
             return refusal

@@ -4,9 +4,9 @@ QMoE computes each selected expert from block-wise codes along K, (code - zero p
 scale with float32 scales and uint8 zero points (omitted: the symmetric default 2^(bits-1)),
 which is what int4 / int8 blocks are (nbits.py). fc1 (up) takes SwiGLU's fused form, every
 row given twice in a row (components/moe_fused.py: ReLU^2 exactly), so the experts store
-1.5x their bytes. Kernel facts as for ggml experts (formats/ggml/qmoe.py): 4-bit experts keep
-float32 activations at accuracy 0, 8-bit ones compute with int8 activations only; fc1 and
-fc2 share one bit width and block size.
+1.5x their bytes. Kernel facts as for ggml experts (formats/ggml/relayout/qmoe_experts.py):
+4-bit experts keep float32 activations at accuracy 0, 8-bit ones compute with int8 activations
+only; fc1 and fc2 share one bit width and block size.
 """
 
 from __future__ import annotations

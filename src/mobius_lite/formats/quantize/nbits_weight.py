@@ -24,7 +24,7 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import is_ort, typed
-from mobius_lite.formats.ggml.relayout import emit_matmulnbits
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import emit_matmulnbits
 from mobius_lite.formats.ggml.weight import runtime_view
 from mobius_lite.formats.parts import PartOf, part_parameters
 from mobius_lite.formats.quantize.nbits_qmoe import NBitsQMoE, qmoe_refusal

@@ -22,8 +22,8 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.contrib import contrib_op
 from mobius_lite.formats.ggml.blocks import as_blocks
-from mobius_lite.formats.ggml.exact_codes import exact_codes
-from mobius_lite.formats.ggml.nbits_layout import pack_codes, packed_zero_points
+from mobius_lite.formats.ggml.relayout.exact_codes import exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import pack_codes, packed_zero_points
 from mobius_lite.formats.ggml.types import GGML_TYPES, BlocksForm
 
 # the types whose blocks are MatMulNBits blocks (their GGMLType rows' `blocks`)

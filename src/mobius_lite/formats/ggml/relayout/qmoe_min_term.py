@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mobius_lite.formats.ggml.blocks import as_blocks, f16_at
-from mobius_lite.formats.ggml.exact_codes import code_form, exact_codes
 from mobius_lite.formats.ggml.kquants import _scale_min_k4
-from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, pack_codes
+from mobius_lite.formats.ggml.relayout.exact_codes import code_form, exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import NBitsLayout, pack_codes
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.parts import Operand
 
@@ -273,7 +273,7 @@ def logical_weight(
     decoded: np.ndarray, slot: str, plan: MinTermPlan, n: int, k: int
 ) -> np.ndarray | None:
     """The expert weight [..., n, k] an operand stands for, from the operand [..., N', K']
-    decoded by the kernel's definition (relayout_part.layout_decode): its row copies and sum
+    decoded by the kernel's definition (exact_parts.layout_decode): its row copies and sum
     columns folded back, float32; None when its structure is not the plan's (repeated rows
     differ, padding not zero). A zero's sign may differ from ggml's own dequantization (0 * -d,
     the min added as -dmin*m): compare values, not bits."""

@@ -15,9 +15,9 @@ without changing one decoded value (every product below is exact in float32, so
 | NVFP4   | 8    | 16    | 128 + 2 e2m1  | 128        | ue4m3(d) / 2      | -         |
 
 Q4_K's value is d*sc*q - dmin*m: the min is not a zero point (a block with sc = 0 still has
-one), so it stays a separate per-block term that the graph subtracts (nbits_matmul.py). The
+one), so it stays a separate per-block term that the graph subtracts (exact_matmulnbits.py). The
 MatMulNBits layout of linear layers moves most of it into a per-block zero point z =
-round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (nbits_layout.py,
+round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (exact_layout.py,
 center_mins): the same float32 values, at the same bytes (Q4_K's zero points are stored
 anyway), and int8 activations then err as llama.cpp's do. IQ2_XXS's g
 is a grid value (8, 25 or 43) with its sign. MXFP4's and NVFP4's code is the E2M1 value

@@ -7,7 +7,7 @@ Q6_K, IQ2_XXS, MXFP4 and NVFP4 (8 bits). Per-expert `.scale` sidecars multiply e
 block scales (formats/weight.py, ScaledExperts). The up projection is fc1 in SwiGLU's fused,
 interleaved form, every row given twice (1.5x the experts' bytes; components/moe_fused.py
 says why ReLU^2 comes out exactly). A layer with Q4_K experts takes the min-term layouts of
-qmoe_mins.py instead (`MinTermExperts`: the input's block sums appended for Q4_K up, the
+qmoe_min_term.py instead (`MinTermExperts`: the input's block sums appended for Q4_K up, the
 intermediate doubled or tripled for Q4_K down), chosen for both slots together
 (`QMoEExperts.paired_with`).
 
@@ -25,9 +25,13 @@ import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
 from mobius_lite.formats.contrib import typed
-from mobius_lite.formats.ggml.exact_codes import code_form
-from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element
-from mobius_lite.formats.ggml.qmoe_mins import (
+from mobius_lite.formats.ggml.relayout.exact_codes import code_form
+from mobius_lite.formats.ggml.relayout.exact_layout import layout_bytes_per_element
+from mobius_lite.formats.ggml.relayout.exact_parts import (
+    exact_layout_parameters,
+    exact_layout_values,
+)
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
     MIN_TYPE,
     SUB,
     SUMS_PER_SUPER,
@@ -39,7 +43,6 @@ from mobius_lite.formats.ggml.qmoe_mins import (
     min_term_plan,
     operand_shapes,
 )
-from mobius_lite.formats.ggml.relayout_part import exact_layout_parameters, exact_layout_values
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 from mobius_lite.formats.parts import Operand, PartOf, part_parameters
 from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat
@@ -140,7 +143,7 @@ class QMoEExperts(InsideQMoE):
 @dataclass(frozen=True)
 class MinTermExperts(InsideQMoE):
     """One stacked expert slot of a layer with Q4_K experts, on the layer's min-term `plan`
-    (qmoe_mins.py): fc1 (up: rows twice, tiled per intermediate copy, sum columns for Q4_K)
+    (qmoe_min_term.py): fc1 (up: rows twice, tiled per intermediate copy, sum columns for Q4_K)
     or fc2 (down: [A2 | -B2] for Q4_K, zero rows for fc1's sum columns)."""
 
     type: GGMLType
@@ -217,7 +220,7 @@ class MinTermExperts(InsideQMoE):
 
 def augment_input(op: OpBuilder, x: ir.Value, plan: MinTermPlan, hidden: int) -> ir.Value:
     """x [rows, hidden] -> [x, S (, S)]: S the 32-block sums of x, each super-block's 8 padded
-    to one kernel block with zeros (qmoe_mins.py, fc1's sum columns), once per min part."""
+    to one kernel block with zeros (qmoe_min_term.py, fc1's sum columns), once per min part."""
     supers = hidden // SUPER
     per_sub = op.Reshape(x, op.Constant(value_ints=[-1, supers, SUMS_PER_SUPER, SUB]))
     sums = op.ReduceSum(per_sub, op.Constant(value_ints=[-1]), keepdims=0)  # [rows, K/256, 8]

@@ -1,4 +1,4 @@
-"""One part of an exact block-wise layout (nbits_layout.py) as a storage Conversion.
+"""One part of an exact block-wise layout (exact_layout.py) as a storage Conversion.
 
 A ggml tensor re-laid for MatMulNBits or QMoE feeds several initializers, one per part
 ("b", "scales", "zero_points", "mins"), each a PartParameter of a `CodeLayout` (formats/
@@ -6,7 +6,7 @@ parts.py) for its operand: MatMulNBits' B [N, K / block, blob], or QMoE's B [E, 
 8] (fc1 gives every row twice, the SwiGLU form of ReLU^2). `verify`
 recomputes a part by decoding the whole layout with the kernels' definition
 (code - zero_point) * scale [- min] and requiring gguf-py's `dequantize` bit for bit.
-MatMulNBits layouts ("nbx") center a min term into per-block zero points (nbits_layout.py,
+MatMulNBits layouts ("nbx") center a min term into per-block zero points (exact_layout.py,
 center_mins: Q4_K's int8-activation error); the QMoE kinds keep their uncentered form.
 """
 
@@ -21,9 +21,13 @@ import onnx_ir as ir
 from onnxscript import nn
 
 from mobius_lite.errors import RouteError
-from mobius_lite.formats.ggml.exact_codes import CODE_FORMS, code_form
-from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, layout_parts, to_nbits_layout
-from mobius_lite.formats.ggml.qmoe_mins import (
+from mobius_lite.formats.ggml.relayout.exact_codes import CODE_FORMS, code_form
+from mobius_lite.formats.ggml.relayout.exact_layout import (
+    NBitsLayout,
+    layout_parts,
+    to_nbits_layout,
+)
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
     MinTermOperand,
     logical_weight,
     min_term_layout,
@@ -187,7 +191,7 @@ class ExactRelayoutPart(_LayoutPart):
 
 @dataclass(frozen=True)
 class MinTermRelayoutPart(_LayoutPart):
-    """Part `part` of a min-term QMoE operand (qmoe_mins.py: `layout` names the slot and the
+    """Part `part` of a min-term QMoE operand (qmoe_min_term.py: `layout` names the slot and the
     layer's plan) of a ggml expert tensor; the unit is one expert (`rows` rows), since the
     operand tiles and pads whole experts. `verify` folds the decoded operand back to the
     expert weight (logical_weight) and requires gguf-py's values exactly (value for value: a
