@@ -29,10 +29,8 @@ from mobius_lite.formats.ggml.codecs import codec_of
 from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     BLOCK_SIZE,
     NBITS_BLOCKS,
-    RELAYOUT_TYPES,
     emit_matmulnbits,
 )
-from mobius_lite.formats.ggml.relayout.exact_codes import code_form
 from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
 from mobius_lite.formats.ggml.relayout.exact_parts import (
     exact_layout_parameters,
@@ -81,22 +79,23 @@ class GGMLWeight:
     def choose(
         cls, ggml: GGMLType, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...]
     ) -> GGMLWeight:
-        """The routes for one slot: onnxruntime's ops where they fit, else standard decode."""
+        """The routes for one slot, as the type's row has them (types.py): onnxruntime's ops
+        where they fit, else standard decode."""
         codec_of(ggml.name)  # RouteError now for a type without a decoder
         matmul, select = DECODE, DECODE
         if is_ort(backend) and len(shape) == 2:
-            if ggml.name in RELAYOUT_TYPES and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            if ggml.blocks is not None and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
                 matmul = MATMULNBITS
-            elif ggml.name in MATMUL_PACKED and dtype == ir.DataType.BFLOAT16:
+            elif ggml.gather_packed and dtype == ir.DataType.BFLOAT16:  # MatMulPacked's contract
                 matmul = MATMUL_PACKED_ROUTE
-            if ggml.name in GATHER_PACKED_CPU and matmul != MATMULNBITS:
+            if ggml.gather_packed and matmul != MATMULNBITS:
                 select = GATHER_PACKED
         return cls(ggml, dtype, shape, matmul, select)
 
     def on_exact_layout(self, accuracy_level: int) -> GGMLWeight | str:
         """This 2-D float32 weight's matmul on MatMulNBits over its exact code layout at
         `accuracy_level`, or why there is none (a sentence naming the type)."""
-        if code_form(self.type.name) is None:
+        if self.type.exact is None:
             return f"ggml {self.type.name} has no exact MatMulNBits layout"
         if len(self.shape) != 2 or self.dtype != ir.DataType.FLOAT:
             return f"ggml {self.type.name}: the exact MatMulNBits layout needs 2-D f32 weights"
@@ -155,7 +154,7 @@ class GGMLWeight:
     ) -> ir.Value:
         n, k = self.shape[-2], self.shape[-1]
         if self.matmul_route == NBITS_EXACT:
-            form = code_form(self.type.name)
+            form = self.type.exact
             assert form is not None
             parts = exact_layout_values(self.type.name, Operand.MATMUL, params)
             y = emit_exact_nbits_matmul(

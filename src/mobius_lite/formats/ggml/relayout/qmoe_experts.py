@@ -89,13 +89,13 @@ class QMoEExperts(InsideQMoE):
 
     @property
     def bits(self) -> int:
-        form = code_form(self.type.name)
+        form = self.type.exact
         assert form is not None
         return form.bits
 
     @property
     def block_size(self) -> int:
-        form = code_form(self.type.name)
+        form = self.type.exact
         assert form is not None
         return form.block_size
 
