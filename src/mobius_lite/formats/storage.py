@@ -4,7 +4,8 @@ A `Storage` describes one tensor's bytes (a dense element type today; GGUF block
 FP4 / FP8 with their scales next). Asked for a target storage, it returns the `Conversion`
 between the two: the writer converts with it chunk by chunk, `verify` recomputes with it
 independently, the manifest records its name, and `materialize` applies it to whole arrays.
-Nothing outside a format decides how bytes change.
+A parameter a weight format cuts out of a slot's tensor (formats/parts.py) asks the storage for
+that part's conversion (`part_conversion`). Nothing outside a format decides how bytes change.
 """
 
 from __future__ import annotations

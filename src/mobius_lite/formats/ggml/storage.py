@@ -6,9 +6,11 @@ A quantized GGUF tensor is stored row by row as whole blocks, viewed as uint8 [.
 - a dense float type: `Dequantize`, the numpy reference decode block by block (--dequantize);
   verify recomputes it with gguf-py's own `gguf.quants.dequantize` (Q1_0, which gguf-py 0.19
   cannot decode: with ggml's definition, written apart from the codec).
-Two lossless re-layouts wrap a conversion without touching values: `RowPermutation` reorders
-whole rows inside fixed groups (undoing the converter's per-head q/k permutation), and
-`RelayoutPart` is one of MatMulNBits' inputs (B or scales) cut out of Q8_0 / Q4_0 blocks.
+`RowPermutation` wraps a conversion without touching values, reordering whole rows inside
+fixed groups (undoing the converter's per-head q/k permutation). Asked for one part of a
+re-layout (`part_conversion`, formats/parts.py), it cuts it losslessly: `RelayoutPart`, one of
+MatMulNBits' inputs (B or scales) out of Q8_0 / Q4_0 blocks, or a part of an exact code layout
+(relayout/exact_parts.py).
 """
 
 from __future__ import annotations
