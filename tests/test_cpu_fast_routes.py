@@ -1,5 +1,5 @@
 """The fused CPU routes of issue 22 (`--activations exact-fused | int8`, components/moe_fused.py,
-formats/ggml/exact_codes.py): exactness against independent references, and the int8 route
+formats/ggml/relayout/exact_codes.py): exactness against independent references, and the int8 route
 against llama.cpp's own error on the same weights.
 
 References, none of them the code under test: a float64 numpy ReLU^2 MoE over gguf-py's
@@ -36,17 +36,18 @@ from mobius_lite.evaluation.metrics import (
     compare,
     int8_activation_gate,
 )
-from mobius_lite.formats.ggml.exact_codes import exact_codes
-from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, to_nbits_layout
-from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
-from mobius_lite.formats.ggml.qmoe import QMoEExperts
-from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
+from mobius_lite.formats.ggml.relayout.exact_codes import exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import NBitsLayout, to_nbits_layout
+from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
+from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
+from mobius_lite.formats.parts import CodeLayout, Operand
 from mobius_lite.run.runtime import DecoderSession
 from nemotron_reference import make_reference
 
 QTYPE = GGMLQuantizationType
+FC1, FC2 = Operand.FC1.value, Operand.FC2.value  # the fused-experts slot kinds
 F32 = ir.DataType.FLOAT
 CONTRIB = {"com.microsoft": 1}
 # llama.cpp's vec_dot_type on CPU: the format its activations are quantized to per weight type
@@ -182,16 +183,16 @@ def _qmoe(type_up: str, type_down: str, accuracy: int, seed: int):
     arrays: list[np.ndarray] = []
     names: list[tuple[str, str]] = []
     for attr, t, kind, data, shape in (
-        ("up", type_up, FC1_KIND, up_rows, (e, i, WIDTH)),
-        ("down", type_down, FC2_KIND, down_rows, (e, WIDTH, i)),
+        ("up", type_up, FC1, up_rows, (e, i, WIDTH)),
+        ("down", type_down, FC2, down_rows, (e, WIDTH, i)),
     ):
         exact = GGMLWeight.choose(GGML_TYPES[t], F32, "ort", shape)
         fmt[attr] = QMoEExperts(GGML_TYPES[t], F32, shape, kind, exact)
-        layout = to_nbits_layout(t, data, repeat=2 if kind == FC1_KIND else 1)
+        layout = to_nbits_layout(t, data, repeat=2 if kind == FC1 else 1)
         for part, array in layout.arrays().items():
             if part == "b":
                 array = array.reshape(*array.shape[:-2], -1)
-            names.append((attr, part_suffix(kind, part)))
+            names.append((attr, CodeLayout(Operand.of_experts(kind)).part(part).suffix))
             arrays.append(array)
 
     def emit(op, xv, iv, wv, *parts):
@@ -416,7 +417,7 @@ def test_int8_package_verifies_against_its_gguf(packages: dict[str, Any], tmp_pa
     name, entry = next(
         (n, e)
         for n, e in manifest["graphs"]["decoder"]["initializers"].items()
-        if n.endswith(part_suffix(FC1_KIND, "b"))
+        if n.endswith(CodeLayout(Operand.FC1).part("b").suffix)
     )
     with open(package / entry["file"], "r+b") as handle:
         handle.seek(entry["offset"] + 5)

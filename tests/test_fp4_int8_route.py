@@ -31,11 +31,11 @@ from gguf_nvfp4_fixtures import quantized_nvfp4, write_modelopt_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import compare, int8_activation_gate
-from mobius_lite.formats.ggml.nbits_layout import to_nbits_layout
-from mobius_lite.formats.ggml.qmoe import QMoEExperts
-from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
+from mobius_lite.formats.ggml.relayout.exact_layout import to_nbits_layout
+from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
+from mobius_lite.formats.parts import CodeLayout, Operand
 from mobius_lite.formats.weight import OUTPUT_SCALE, OutputScaled
 from nemotron_reference import make_reference
 from test_cpu_fast_routes import (
@@ -50,6 +50,7 @@ from test_cpu_fast_routes import (
 )
 
 FP4 = ("MXFP4", "NVFP4")
+FC1, FC2 = Operand.FC1.value, Operand.FC2.value  # the fused-experts slot kinds
 
 
 # ----------------------------------------------------------------------------- definitions
@@ -136,15 +137,15 @@ def _scaled_qmoe(type_name: str, scales: dict[str, np.ndarray], seed: int):
     x = rng.standard_normal((rows, WIDTH)).astype(np.float32)
     indices, weights = routing(rows, e, SPEC.num_experts_per_tok, rng)
     fmt, names, arrays = {}, [], []
-    for attr, kind, shape in (("up", FC1_KIND, (e, i, WIDTH)), ("down", FC2_KIND, (e, WIDTH, i))):
+    for attr, kind, shape in (("up", FC1, (e, i, WIDTH)), ("down", FC2, (e, WIDTH, i))):
         plain = GGMLWeight.choose(GGML_TYPES[type_name], F32, "ort", shape)
         moved = OutputScaled(plain, F32, stacked=True).on_fused_experts(kind, True)
         assert not isinstance(moved, str), moved
         assert isinstance(moved.inner, QMoEExperts)
         fmt[attr] = moved
-        layout = to_nbits_layout(type_name, data[attr], repeat=2 if kind == FC1_KIND else 1)
+        layout = to_nbits_layout(type_name, data[attr], repeat=2 if kind == FC1 else 1)
         for part, array in layout.arrays().items():
-            names.append((attr, part_suffix(kind, part)))
+            names.append((attr, CodeLayout(Operand.of_experts(kind)).part(part).suffix))
             arrays.append(array.reshape(*array.shape[:-2], -1) if part == "b" else array)
         names.append((attr, OUTPUT_SCALE))
         arrays.append(scales[attr])
@@ -306,7 +307,7 @@ def test_fp4_file_on_the_int8_route(fp4_packages: dict[str, Any], tmp_path: Path
     name, entry = next(
         (n, e)
         for n, e in manifest["graphs"]["decoder"]["initializers"].items()
-        if n.endswith(part_suffix(FC1_KIND, "b"))
+        if n.endswith(CodeLayout(Operand.FC1).part("b").suffix)
     )
     with open(package / entry["file"], "r+b") as handle:
         handle.seek(entry["offset"] + 5)

@@ -37,8 +37,11 @@ from gguf_fixtures import (
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
-from mobius_lite.formats.ggml.relayout import MatMulNBitsWeights, from_matmulnbits
-from mobius_lite.formats.ggml.storage import CODECS
+from mobius_lite.formats.ggml.codecs import CODECS
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
+    MatMulNBitsWeights,
+    from_matmulnbits,
+)
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGML_TYPES_BY_ID
 from mobius_lite.formats.ggml.weight import (
     GATHER_PACKED_CPU,

@@ -1,5 +1,5 @@
-"""Q4_K experts on QMoE (formats/ggml/qmoe_mins.py): the min term as block-sum input columns
-(Q4_K up) and a doubled / tripled intermediate (Q4_K down).
+"""Q4_K experts on QMoE (formats/ggml/relayout/qmoe_min_term.py): the min term as block-sum
+input columns (Q4_K up) and a doubled / tripled intermediate (Q4_K down).
 
 References, none of them the code under test: gguf-py's `dequantize` of the same blocks; a
 float64 numpy ReLU^2 MoE over those values; llama.cpp's Q8_K activation quantization
@@ -23,16 +23,17 @@ from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare, int8_activation_gate
-from mobius_lite.formats.ggml.qmoe import MinTermExperts, QMoEExperts
-from mobius_lite.formats.ggml.qmoe_mins import (
+from mobius_lite.formats.ggml.relayout.exact_parts import layout_decode
+from mobius_lite.formats.ggml.relayout.qmoe_experts import MinTermExperts, QMoEExperts
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
     MinTermPlan,
     logical_weight,
     min_term_layout,
     min_term_plan,
 )
-from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, layout_decode, split_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
+from mobius_lite.formats.parts import Operand, PartParameter
 from nemotron_reference import make_reference
 from test_cpu_fast_routes import (
     CONTRIB,
@@ -98,7 +99,7 @@ def _qmoe(type_up: str, type_down: str, int8: bool, seed: int):
     types = {"up": type_up, "down": type_down}
     rows = {a: exact_weight(types[a], shapes[a], rng) for a in shapes}
     slots = {}
-    for attr, kind in (("up", FC1_KIND), ("down", FC2_KIND)):
+    for attr, kind in (("up", Operand.FC1.value), ("down", Operand.FC2.value)):
         t = GGML_TYPES[types[attr]]
         exact = GGMLWeight.choose(t, F32, "ort", shapes[attr])
         slots[attr] = QMoEExperts(t, F32, shapes[attr], kind, exact, int8)
@@ -111,11 +112,10 @@ def _qmoe(type_up: str, type_down: str, int8: bool, seed: int):
         assert isinstance(operand, MinTermExperts)
         layout = min_term_layout(types[attr], operand.kind, rows[attr], operand.plan)
         by_part = layout.arrays()
-        for suffix in operand.parameters(shapes[attr]):
+        for suffix, parameter in operand.parameters(shapes[attr]).items():
             names.append((attr, suffix))
-            parsed = split_suffix(attr + suffix)
-            assert parsed is not None
-            arrays.append(by_part[parsed[2]])
+            assert isinstance(parameter, PartParameter)
+            arrays.append(by_part[parameter.part_of.part])
     x = rng.standard_normal((ROWS, HIDDEN)).astype(np.float32)
     indices, weights = routing(ROWS, e, SPEC.num_experts_per_tok, rng)
 

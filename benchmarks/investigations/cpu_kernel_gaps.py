@@ -9,7 +9,8 @@ oracle) and re-laid losslessly by mobius_lite's MatMulNBits relayout:
           f32 Gemm(transB) on a constant, and MatMulNBits on Q4_0 / Q8_0 blocks at
           accuracy level 0 (f32 activations) and 4 (int8 activations, llama.cpp's way);
           Issue 22 adds the exact re-layouts of Q4_K (with its min term), Q6_K and IQ2_XXS
-          (formats/ggml/nbits_layout.py; random valid blocks, gguf-py cannot quantize them);
+          (formats/ggml/relayout/exact_layout.py; random valid blocks, gguf-py cannot quantize
+          them);
   experts one decode row through --experts-per-token of --experts experts (the mid model's
           widths): the fused com.microsoft MoE (f32) and QMoE (Q4_0 / Q8_0 blocks) CPU
           kernels. Both lack ReLU^2 on CPU (the script records their refusal of relu2), so
@@ -86,7 +87,7 @@ def _quantized(weight: np.ndarray, type_name: str) -> tuple[Any, np.ndarray]:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    from mobius_lite.formats.ggml.relayout import to_matmulnbits
+    from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import to_matmulnbits
 
     kind = GGMLQuantizationType[type_name]
     rows = quantize(weight, kind)
@@ -101,7 +102,7 @@ def _exact_layout(type_name: str, n: int, k: int, seed: int) -> tuple[Any, np.nd
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from mobius_lite.formats.ggml.nbits_layout import to_nbits_layout
+    from mobius_lite.formats.ggml.relayout.exact_layout import to_nbits_layout
 
     rows = random_blocks(type_name, (n, k), np.random.default_rng(seed))
     values = None

@@ -1,5 +1,5 @@
-"""One QMoE node on the min-term layouts of Q4_K experts (formats/ggml/qmoe_mins.py): which
-bit width an all-Q4_K layer should use, at one decode row.
+"""One QMoE node on the min-term layouts of Q4_K experts (formats/ggml/relayout/
+qmoe_min_term.py): which bit width an all-Q4_K layer should use, at one decode row.
 
 The mid model's expert shape (hidden 1024, intermediate 512, 64 experts, 4 per token), random
 valid Q4_K / Q6_K blocks, a fresh random routing per call; each variant's session runs
@@ -23,9 +23,9 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder
 
 from mobius_lite.bench.package_peer import session_options
-from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU
-from mobius_lite.formats.ggml.qmoe import augment_input, emit_qmoe
-from mobius_lite.formats.ggml.qmoe_mins import MinTermPlan, min_term_layout
+from mobius_lite.components.moe_fused import RELU2_AS_SWIGLU, emit_qmoe
+from mobius_lite.formats.ggml.relayout.qmoe_experts import augment_input
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import MinTermPlan, min_term_layout
 from mobius_lite.formats.ggml.types import GGML_TYPES
 
 HIDDEN, INNER, EXPERTS, PER_TOKEN = 1024, 512, 64, 4

@@ -85,7 +85,7 @@ class Activations(str, enum.Enum):
 
     EXACT keeps today's routes. EXACT_FUSED moves them onto the fused kernels where the result
     stays exact within f32 rounding: MatMulNBits at accuracy 0 over the exact code layouts
-    (formats/ggml/exact_codes.py), experts on the com.microsoft MoE (f32) / QMoE (4-bit,
+    (formats/ggml/relayout/exact_codes.py), experts on the com.microsoft MoE (f32) / QMoE (4-bit,
     accuracy 0) kernels in their SwiGLU form of ReLU^2. INT8 puts every packed matmul on
     MatMulNBits at accuracy 4 and every packed MoE on QMoE: the kernels quantize the
     activations to int8 per block, as llama.cpp does for these types (not exact; gated by

@@ -23,7 +23,8 @@ from onnxscript import OpBuilder
 from gguf_fixtures import q1_0_by_definition
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml import mxfp4, nvfp4
-from mobius_lite.formats.ggml.storage import CODECS, Dequantize, GGMLStorage
+from mobius_lite.formats.ggml.codecs import CODECS
+from mobius_lite.formats.ggml.storage import Dequantize, GGMLStorage
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import DECODE, GGMLWeight
 from mobius_lite.formats.modelopt.nvfp4 import E2M1_VALUES

@@ -12,7 +12,7 @@ import pytest
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml import legacy
-from mobius_lite.formats.ggml.relayout import (
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     MatMulNBitsWeights,
     emit_matmulnbits,
     from_matmulnbits,

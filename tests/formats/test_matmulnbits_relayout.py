@@ -1,4 +1,5 @@
-"""Exact re-layouts of ggml blocks onto MatMulNBits with uint8 zero points (nbits_layout.py).
+"""Exact re-layouts of ggml blocks onto MatMulNBits with uint8 zero points
+(formats/ggml/relayout/exact_layout.py).
 
 Oracles, independent of the code under test: gguf-py's `dequantize` (the re-laid weight,
 decoded by the MatMulNBits schema's definition (code - zero_point) * scale [- min] written
@@ -15,14 +16,14 @@ from gguf.quants import dequantize, quantize
 
 from gguf_fixtures import random_blocks
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-from mobius_lite.formats.ggml.exact_codes import exact_codes
-from mobius_lite.formats.ggml.nbits_layout import (
+from mobius_lite.formats.ggml.relayout.exact_codes import exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import (
     NBitsLayout,
     layout_cost,
     layout_parts,
     to_nbits_layout,
 )
-from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
+from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
 
 from .emit_harness import run_emitter
 from .ggml_data import random_rows

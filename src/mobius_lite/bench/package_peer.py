@@ -65,17 +65,3 @@ class PackagePeer:
             decode_s.append(seconds)
             tokens.append(argmax_last(out))
         return Timed(prefill_s, decode_s, tokens)
-
-
-def package_peer(files: PackageFiles, ep: str, threads: int, decode_tokens: int) -> Any:
-    """The peer that runs this package: the Omni chain for an Omni package's config, the
-    decoder alone otherwise."""
-    from mobius_lite.configs.model_types import model_type_of
-    from mobius_lite.enums import Task
-    from mobius_lite.sources.config_json import read_config_json
-
-    if model_type_of(read_config_json(files.directory)).task is Task.IMAGE_TEXT_TO_TEXT:
-        from mobius_lite.bench.omni_peer import OmniPeer
-
-        return OmniPeer(files, ep, threads, decode_tokens)
-    return PackagePeer(files, ep, threads, decode_tokens)

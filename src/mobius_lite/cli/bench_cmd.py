@@ -128,7 +128,7 @@ def _peers(args: argparse.Namespace) -> tuple:
     """Every input checked (package, GGUF, checkpoint, output paths, the extras each needs)
     before any model is loaded; then the peers, the package's first."""
     from mobius_lite.bench.llamacpp_peer import LlamaCppPeer, check_gguf
-    from mobius_lite.bench.package_peer import package_peer
+    from mobius_lite.bench.peers import package_peer
     from mobius_lite.bench.transformers_peer import TransformersPeer, check_checkpoint
     from mobius_lite.run.package_reader import open_package
 

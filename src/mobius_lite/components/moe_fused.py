@@ -26,7 +26,6 @@ from onnxscript import OpBuilder
 from mobius_lite.components.common import FLOAT
 from mobius_lite.configs.layers import MoESpec
 from mobius_lite.formats.contrib import contrib_op, typed
-from mobius_lite.formats.ggml.qmoe import emit_qmoe
 from mobius_lite.formats.weight import FusedExperts
 
 # The SwiGLU attributes that make ReLU^2 (module doc); alpha >= 1e4 measured to suffice.
@@ -82,6 +81,44 @@ def dense_fused_experts(
     return op.Mul(out, total)
 
 
+def emit_qmoe(
+    op: OpBuilder,
+    x: ir.Value,
+    router_probs: ir.Value,
+    router_weights: ir.Value,
+    fc1: tuple[ir.Value, ir.Value, ir.Value | None],
+    fc2: tuple[ir.Value, ir.Value, ir.Value | None],
+    *,
+    k: int,
+    fc1_bits: int,
+    fc2_bits: int,
+    block_size: int,
+    accuracy_level: int,
+    activation: dict[str, object],
+) -> ir.Value:
+    """One com.microsoft QMoE node: selection by `router_probs` (top-k), mixing by the values
+    of `router_weights` at the selected experts as given (normalize_routing_weights=0)."""
+    (w1, s1, z1), (w2, s2, z2) = fc1, fc2
+    inputs: list[ir.Value | None] = [x, router_probs, w1, s1, None, w2, s2, None]
+    inputs += [None, None, None, z1, z2, None, router_weights]
+    out = op.QMoE(
+        *inputs,
+        k=k,
+        expert_weight_bits=fc1_bits,
+        fc1_expert_weight_bits=fc1_bits,
+        fc2_expert_weight_bits=fc2_bits,
+        block_size=block_size,
+        accuracy_level=accuracy_level,
+        normalize_routing_weights=0,
+        use_sparse_mixer=0,
+        weights_prepacked=0,  # the raw [E, N, K * bits / 8] layout (the default -1 means an
+        # execution provider's own prepacked layout)
+        **activation,
+        **contrib_op(op),
+    )
+    return typed(out, ir.DataType.FLOAT, None)
+
+
 def quantized_fused_experts(
     op: OpBuilder,
     spec: MoESpec,
@@ -93,7 +130,8 @@ def quantized_fused_experts(
     accuracy_level: int,
 ) -> ir.Value:
     """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc); the
-    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums: qmoe_mins.py)."""
+    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums: formats/ggml/
+    relayout/qmoe_min_term.py)."""
     (up, up_params), (down, down_params) = fc1, fc2
     e = spec.n_routed_experts
     zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import ConfigError
+from mobius_lite.evaluation.quantized_reference import DENSE_FILE, write_dequantized_checkpoint
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.models.nemotron_h_names import (
@@ -37,8 +38,6 @@ from mobius_lite.models.nemotron_h_names import (
     STACKED_EXPERTS,
     expert_names,
 )
-
-DENSE_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,6 @@ def as_stored(request: ReferenceRequest) -> Path:
     its copy with those tensors dequantized."""
     if not request.recipes:
         return request.source
-    from mobius_lite.evaluation.quantized_reference import write_dequantized_checkpoint
-
     return write_dequantized_checkpoint(
         request.source,
         dict(request.recipes),

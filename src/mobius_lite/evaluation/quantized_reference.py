@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.evaluation.dense_reference import DENSE_FILE
 from mobius_lite.formats.quantize.recipe import QuantType, Recipe
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.source_kinds import local_tensors
+
+# the file name of a reference checkpoint written for the transformers reference
+DENSE_FILE = "model.safetensors"
 
 
 def dequantized(values: np.ndarray, recipe: Recipe) -> np.ndarray:

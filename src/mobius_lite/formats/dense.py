@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
+from mobius_lite.formats.parts import PartOf, no_relayout
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 from mobius_lite.formats.weight import WeightFormat
 
@@ -111,6 +112,9 @@ class DenseStorage:
         if target.dtype == self.dtype:
             return Verbatim(self.dtype.itemsize)
         return Cast(self.dtype, target.dtype)
+
+    def part_conversion(self, part: PartOf, shape: tuple[int, ...], dtype: np.dtype) -> Conversion:
+        raise no_relayout(f"dense {self.name}", part)
 
     @property
     def floating(self) -> bool:

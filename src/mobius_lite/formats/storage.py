@@ -4,7 +4,8 @@ A `Storage` describes one tensor's bytes (a dense element type today; GGUF block
 FP4 / FP8 with their scales next). Asked for a target storage, it returns the `Conversion`
 between the two: the writer converts with it chunk by chunk, `verify` recomputes with it
 independently, the manifest records its name, and `materialize` applies it to whole arrays.
-Nothing outside a format decides how bytes change.
+A parameter a weight format cuts out of a slot's tensor (formats/parts.py) asks the storage for
+that part's conversion (`part_conversion`). Nothing outside a format decides how bytes change.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.enums import Backend
+from mobius_lite.formats.parts import PartOf
 from mobius_lite.formats.weight import WeightFormat
 
 Bytes = bytes | memoryview
@@ -60,6 +62,12 @@ class Storage(Protocol):
 
     def conversion_to(self, target: Storage) -> Conversion:
         """The conversion into `target`; RouteError when there is none."""
+        ...
+
+    def part_conversion(self, part: PartOf, shape: tuple[int, ...], dtype: np.dtype) -> Conversion:
+        """The conversion of a tensor stored as `shape` into `part` of one of its re-layouts
+        (formats/parts.py; the part's parameter of element type `dtype`); RouteError when this
+        storage has no such re-layout."""
         ...
 
     @property

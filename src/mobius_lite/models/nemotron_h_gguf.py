@@ -18,9 +18,9 @@ Each change is recorded here as data, so the binding can carry it (graph-side) o
 
 `GGUFNames` is the binding's NameMap built from these mappings: graph parameter -> GGUF
 tensor, with SourceRef(reshape=True) for the reshapes and a RowPermutation layout (whole rows,
-bytes unchanged) undoing the q/k permutation, so the exported K cache is transformers'. The
-MatMulNBits parameters of a Q8_0 / Q4_0 weight (`<slot>_nbits_b`, `<slot>_nbits_scales`) map
-to the same GGUF tensor as parts of one lossless re-layout.
+bytes unchanged) undoing the q/k permutation, so the exported K cache is transformers'. It
+knows graph parameters and GGUF tensors only: the parameters a weight format re-lays a tensor
+into are parts of its slot (formats/parts.py), which binding resolves through the slot's name.
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ import numpy as np
 
 from mobius_lite.configs.gguf_metadata import ARCHITECTURES
 from mobius_lite.errors import CheckpointError
-from mobius_lite.formats.ggml.relayout_part import exact_relayout, split_suffix
-from mobius_lite.formats.ggml.storage import GGMLStorage, RelayoutPart, RowPermutation
-from mobius_lite.formats.ggml.weight import NBITS_PARTS
+from mobius_lite.formats.ggml.storage import RowPermutation
 from mobius_lite.formats.storage import Conversion
 from mobius_lite.formats.weight import OUTPUT_SCALE
 from mobius_lite.listing import format_names
@@ -340,28 +338,6 @@ def row_permutation(heads: int) -> Layout:
     return layout
 
 
-def relayout_part(part: str, kind: str | None = None) -> Layout:
-    """The layout giving one MatMulNBits part of a Q8_0 / Q4_0 tensor (replaces verbatim), or
-    with `kind` one part of an exact code layout (MatMulNBits "nbx", QMoE "fc1" / "fc2")."""
-
-    def layout(conversion: Conversion, info: TensorInfo) -> Conversion:
-        if not isinstance(info.storage, GGMLStorage):
-            raise CheckpointError(
-                f"{info.name}: stored as {info.storage.name}, not a ggml block type; it has no "
-                f"MatMulNBits {part}"
-            )
-        if kind is not None:  # an exact code layout's part (formats/ggml/relayout_part.py)
-            row_bytes = info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64))
-            return exact_relayout(info.storage.type, kind, part, row_bytes, tuple(info.shape))
-        return RelayoutPart(info.storage.type, part)
-
-    return layout
-
-
-def _then(first: Layout, second: Layout) -> Layout:
-    return lambda conversion, info: second(first(conversion, info), info)
-
-
 class GGUFNames:
     """The NameMap of a Nemotron-H GGUF: graph parameter -> its GGUF tensor (see module doc);
     a weight's `<parameter>_output_scale` -> its `.scale` tensor (`scales`: weight GGUF name
@@ -378,21 +354,13 @@ class GGUFNames:
             weight = self._by_parameter.get(target.removesuffix(OUTPUT_SCALE))
             scale = self._scales.get(weight.gguf_name) if weight is not None else None
             return [] if scale is None else [(scale,)]
-        part, kind = None, None
-        for suffix, name in NBITS_PARTS.items():
-            if target.endswith(suffix):
-                target, part = target.removesuffix(suffix), name
-        exact = split_suffix(target)
-        if exact is not None:
-            target, kind, part = exact
         mapping = self._by_parameter.get(target)
         if mapping is None:
             return []
-        layout = relayout_part(part, kind) if part else None
+        layout = None
         if mapping.layout is LayoutTransform.HEAD_ROW_PERMUTE:
             assert mapping.heads is not None
-            permute = row_permutation(mapping.heads)
-            layout = permute if layout is None else _then(layout, permute)
+            layout = row_permutation(mapping.heads)
         reshape = mapping.layout is LayoutTransform.RESHAPE
         return [SourceRef((mapping.gguf_name,), reshape=reshape, layout=layout)]
 

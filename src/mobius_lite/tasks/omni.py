@@ -20,6 +20,7 @@ import onnx_ir as ir
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs.omni import OmniConfig
 from mobius_lite.enums import GraphRole, Task
+from mobius_lite.formats.parts import parameter_parts
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
 from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
@@ -59,8 +60,9 @@ def _bind(
     rules: dict[str, str],
     hint: str,
 ) -> GraphRecord:
+    parts = parameter_parts(model)
     plan = plan_bindings(
-        graph_parameters(model), source, names, rules, account_for_all=False, hint=hint
+        graph_parameters(model), source, names, rules, parts=parts, account_for_all=False, hint=hint
     )
     check_source_dtypes(plan.bindings)
     bind_model(model, plan, source)
@@ -78,7 +80,7 @@ def omni_graphs(
     options = options or ExportOptions()
     text = config.text
     layout = SourceLayout(LanguageModelNames())
-    names = options.names(layout.names)
+    names = layout.names
     head = text.has_mtp_head and layout.mtp_head_present(source)
     # the text model's own rules name its tensors without the language_model. prefix
     text_rules = {

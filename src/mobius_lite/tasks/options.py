@@ -12,7 +12,6 @@ from mobius_lite.components.state_window import DEFAULT_WINDOW
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import Activations, Backend, DraftHead, Precision
 from mobius_lite.formats.weight import WeightFormatResolver
-from mobius_lite.models.quantized_names import QuantizedNames
 from mobius_lite.package import GraphRecord
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import NameMap
@@ -47,11 +46,6 @@ class ExportOptions:
         if self.state_window is not None:
             return self.state_window
         return DEFAULT_WINDOW if head else 0
-
-    def names(self, base: NameMap) -> NameMap:
-        """The name map graphs bind through: the source's own, plus the re-layout parts of
-        tensors quantized at export (models/quantized_names.py) when there are any."""
-        return QuantizedNames(base) if self.quantized else base
 
     def weight_formats(self, source: TensorSource, names: NameMap) -> WeightFormatResolver:
         """The weight-format resolver for graphs bound through `names`: packed formats unless

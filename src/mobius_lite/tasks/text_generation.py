@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import GraphRole, Task
+from mobius_lite.formats.parts import parameter_parts
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
 from mobius_lite.models.nemotron_h_names import (
@@ -46,7 +47,7 @@ def text_generation_graphs(
     if head:
         check_head_depths(config, source)
     tied = logits_from_embeddings(config, layout.lm_head_present(source))
-    names = options.names(layout.names)
+    names = layout.names
     ctx = options.build_context(source, names, layout.mamba_a)
     rules = {
         **unused_tensor_rules(config, head_exported=head),
@@ -72,6 +73,7 @@ def text_generation_graphs(
             source,
             names,
             rules,
+            parts=parameter_parts(model),
             account_for_all=not head,
             hint=options.binding_hint,
         )

@@ -19,6 +19,7 @@ import onnx_ir as ir
 from mobius_lite.enums import Backend
 from mobius_lite.errors import CheckpointError
 from mobius_lite.formats.dense import dense
+from mobius_lite.formats.parts import PartOf
 from mobius_lite.formats.storage import Conversion
 from mobius_lite.formats.weight import (
     OUTPUT_SCALE,
@@ -92,6 +93,7 @@ def plan_bindings(
     names: NameMap | None = None,
     intentionally_unused: Mapping[str, str] | None = None,
     *,
+    parts: Mapping[str, PartOf] | None = None,
     account_for_all: bool = True,
     hint: str = CONFIG_JSON_HINT,
 ) -> BindingPlan:
@@ -102,8 +104,12 @@ def plan_bindings(
     parameter asks for are neither errors nor listed: the package accounts for them. `hint`
     ends the error: what to check for this kind of source. Errors name the source's own
     tensor names (what the file holds), with the graph parameter where it is named otherwise.
+    `parts` (formats/parts.py, parameter_parts) maps each parameter that holds a part of a
+    re-layout of its weight slot's source tensor to that part: it binds to the slot's tensor,
+    converted by the storage's `part_conversion`.
     """
     names = names or ExactNames()
+    parts = parts or {}
     available = set(source.names())
     consumed: set[str] = set()
     bindings: list[Binding] = []
@@ -112,7 +118,9 @@ def plan_bindings(
 
     for target, (shape, dtype) in parameters.items():
         shape = tuple(shape)
-        alternatives = list(map(as_ref, names.alternatives(target, shape)))
+        part = parts.get(target)
+        slot = target if part is None else slot_of(target, part)
+        alternatives = list(map(as_ref, names.alternatives(slot, shape)))
         for candidate in alternatives:
             present = [n for n in candidate.names if n in available]
             if not present:
@@ -121,7 +129,7 @@ def plan_bindings(
                 absent = [n for n in candidate.names if n not in available]
                 missing.append(f"{target} ({format_names(absent)} absent)")
                 break
-            binding = _plan_one(target, candidate, shape, np.dtype(dtype), source, misshaped)
+            binding = _plan_one(target, candidate, shape, np.dtype(dtype), source, misshaped, part)
             consumed.update(candidate.names)
             if binding is not None:
                 bindings.append(binding)
@@ -208,11 +216,23 @@ def converted_shape(conversion: Conversion, stored: tuple[int, ...]) -> tuple[in
     return tuple(conversion.converted_shape(tuple(stored)))
 
 
-def source_conversion(ref: SourceRef, info: TensorInfo, dtype: np.dtype) -> Conversion:
+def slot_of(target: str, part: PartOf) -> str:
+    """The weight slot whose source tensor feeds `target`, a parameter holding `part`."""
+    if not target.endswith(part.suffix):
+        raise ValueError(f"{target} is not named as a {part.suffix} part of its slot")
+    return target.removesuffix(part.suffix)
+
+
+def source_conversion(
+    ref: SourceRef, info: TensorInfo, dtype: np.dtype, part: PartOf | None = None
+) -> Conversion:
     """How `info`'s bytes become a parameter of element type `dtype`: its storage's
-    conversion, wrapped by the candidate's layout (a row permutation, a re-layout part).
-    The export (plan_bindings) and verify both derive it here."""
-    conversion = info.storage.conversion_to(dense(dtype))
+    conversion (with `part`: into that part of a re-layout), wrapped by the candidate's layout
+    (a row permutation). The export (plan_bindings) and verify both derive it here."""
+    if part is None:
+        conversion = info.storage.conversion_to(dense(dtype))
+    else:
+        conversion = info.storage.part_conversion(part, tuple(info.shape), dtype)
     return conversion if ref.layout is None else ref.layout(conversion, info)
 
 
@@ -223,6 +243,7 @@ def _plan_one(
     dtype: np.dtype,
     source: TensorSource,
     misshaped: list[str],
+    part: PartOf | None = None,
 ) -> Binding | None:
     names = ref.names
     stacked = len(names) > 1
@@ -241,7 +262,7 @@ def _plan_one(
         misshaped.append(f"{target}: slices stored as {sorted(s.name for s in storages)}")
         return None
     try:
-        conversion = source_conversion(ref, infos[0], dtype)
+        conversion = source_conversion(ref, infos[0], dtype, part)
     except CheckpointError as exc:  # a layout that cannot apply to this shape (e.g. head rows)
         misshaped.append(
             f"{infos[0].name}: checkpoint {list(infos[0].shape)}, expected {list(expected)} ({exc})"

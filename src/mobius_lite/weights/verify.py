@@ -25,14 +25,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from mobius_lite.formats.dense import dense
+from mobius_lite.formats.part_catalog import part_of_parameter
 from mobius_lite.formats.quantize.recipe import Recipe
-from mobius_lite.models.quantized_names import QuantizedNames
 from mobius_lite.source_kinds import layout_of, local_tensors
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.sources.names import NameMap, as_ref
+from mobius_lite.sources.names import NameMap, SourceRef, as_ref
 from mobius_lite.sources.quantized import QuantizedSource
-from mobius_lite.weights.binding import source_conversion
+from mobius_lite.weights.binding import slot_of, source_conversion
 from mobius_lite.weights.external_data import ExternalRef, external_references
 from mobius_lite.weights.manifest import manifest_initializers, read_manifest
 from mobius_lite.weights.writer import DEFAULT_CHUNK_BYTES, iter_source_bytes
@@ -311,15 +310,18 @@ class _Verifier:
             self.report.mismatches.append(f"{target} (from {name}): written sha256 differs")
 
     def conversion(self, target: str, name: str, ref: ExternalRef) -> Any:
-        """The conversion the export used for `name` -> `target`: the storage's, wrapped by the
-        name map's layout for that pair when there is one (row permutation, re-layout part)."""
+        """The conversion the export used for `name` -> `target`: the storage's (into the
+        re-layout part the target holds, formats/part_catalog.py), wrapped by the name map's
+        layout for that pair when there is one (a row permutation)."""
         info = self.source.info(name)
         dtype = ir.DataType(ref.data_type).numpy()
+        part = part_of_parameter(target)
+        slot = target if part is None else slot_of(target, part)
         if self.name_map is not None:
-            for candidate in map(as_ref, self.name_map.alternatives(target, tuple(ref.dims))):
+            for candidate in map(as_ref, self.name_map.alternatives(slot, tuple(ref.dims))):
                 if name in candidate.names:
-                    return source_conversion(candidate, info, dtype)
-        return info.storage.conversion_to(dense(dtype))
+                    return source_conversion(candidate, info, dtype, part)
+        return source_conversion(SourceRef((name,)), info, dtype, part)
 
     def constant(self, role: str, target: str, entry: dict[str, Any]) -> None:
         ref = self.refs.get((role, target))
@@ -374,7 +376,7 @@ def verify_package(
     if recipes:  # quantize the checkpoint's tensors again, as the manifest recorded them
         present = set(source.names())  # an absent one is reported by the coverage check
         recipes = {name: recipe for name, recipe in recipes.items() if name in present}
-        source, names = QuantizedSource(source, recipes), QuantizedNames(names)
+        source = QuantizedSource(source, recipes)
     report = VerifyReport(package=package_dir, source=label)
     report.mismatches.extend(check_references(package_dir, manifest))
     verifier = _Verifier(package_dir, manifest, source, report, names)

@@ -6,16 +6,18 @@ A quantized GGUF tensor is stored row by row as whole blocks, viewed as uint8 [.
 - a dense float type: `Dequantize`, the numpy reference decode block by block (--dequantize);
   verify recomputes it with gguf-py's own `gguf.quants.dequantize` (Q1_0, which gguf-py 0.19
   cannot decode: with ggml's definition, written apart from the codec).
-Two lossless re-layouts wrap a conversion without touching values: `RowPermutation` reorders
-whole rows inside fixed groups (undoing the converter's per-head q/k permutation), and
-`RelayoutPart` is one of MatMulNBits' inputs (B or scales) cut out of Q8_0 / Q4_0 blocks.
+`RowPermutation` wraps a conversion without touching values, reordering whole rows inside
+fixed groups (undoing the converter's per-head q/k permutation). Asked for one part of a
+re-layout (`part_conversion`, formats/parts.py), it cuts it losslessly: `RelayoutPart`, one of
+MatMulNBits' inputs (B or scales) out of Q8_0 / Q4_0 blocks, or a part of an exact code layout
+(relayout/exact_parts.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -23,43 +25,22 @@ import onnx_ir as ir
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
-from mobius_lite.formats.ggml import dense as ggml_dense
-from mobius_lite.formats.ggml import (
-    iq1,
-    iq2,
-    iq3,
-    iq4,
-    kquants,
-    legacy,
-    mxfp4,
-    nvfp4,
-    q1_0,
-    ternary,
+from mobius_lite.formats.ggml.codecs import codec_of
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
+    BLOCK_SIZE,
+    RELAYOUT_TYPES,
+    MatMulNBitsBlocks,
+    to_matmulnbits,
 )
-from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, to_matmulnbits
-from mobius_lite.formats.ggml.types import BlockCodec, GGMLType
+from mobius_lite.formats.ggml.relayout.exact_parts import ExactRelayoutPart, MinTermRelayoutPart
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import MinTermOperand
+from mobius_lite.formats.ggml.types import GGMLType
+from mobius_lite.formats.ggml.weight import GGMLWeight
+from mobius_lite.formats.parts import CodeLayout, PartOf
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 
-if TYPE_CHECKING:
-    from mobius_lite.formats.ggml.weight import GGMLWeight
-
-CODECS: dict[str, BlockCodec] = {
-    codec.type.name: codec
-    for module in (ggml_dense, legacy, kquants, iq1, iq2, iq3, iq4, ternary, mxfp4, nvfp4, q1_0)
-    for codec in module.CODECS
-}
 UINT8 = np.dtype(np.uint8)
 RELAYOUT_PARTS = ("b", "scales")
-
-
-def codec_of(type_name: str) -> BlockCodec:
-    """The codec of a ggml type; RouteError naming the type when there is none."""
-    try:
-        return CODECS[type_name]
-    except KeyError:
-        raise RouteError(
-            f"no decoder for ggml type {type_name}; supported: {', '.join(CODECS)}"
-        ) from None
 
 
 def _blocks(raw: Bytes, block_bytes: int) -> np.ndarray:
@@ -142,8 +123,9 @@ class Dequantize(_BlockwiseConversion):
 
 @dataclass(frozen=True)
 class RelayoutPart(_BlockwiseConversion):
-    """One MatMulNBits input cut losslessly out of Q8_0 / Q4_0 blocks (relayout.py):
-    "b" (uint8 [N, k_blocks, blob]) or "scales" (ggml's fp16 scale bits, [N, k_blocks])."""
+    """One MatMulNBits input cut losslessly out of Q8_0 / Q4_0 blocks (relayout/
+    blocks_matmulnbits.py): "b" (uint8 [N, k_blocks, blob]) or "scales" (ggml's fp16 scale
+    bits, [N, k_blocks])."""
 
     type: GGMLType
     part: str
@@ -267,6 +249,17 @@ class GGMLStorage:
         self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
     ) -> GGMLWeight:
         """The GGMLWeight a weight slot of this storage computes with (see weight.py)."""
-        from mobius_lite.formats.ggml.weight import GGMLWeight  # weight.py decodes via codec_of
-
         return GGMLWeight.choose(self.type, dtype, backend, tuple(shape))
+
+    def part_conversion(self, part: PartOf, shape: tuple[int, ...], dtype: np.dtype) -> Conversion:
+        """One part of a re-layout of a tensor stored as `shape` (uint8 [..., rows, row_bytes]):
+        MatMulNBits' B / scales cut from Q8_0 / Q4_0 blocks, or a part of an exact code layout
+        (plain, or a min-term QMoE operand)."""
+        layout = part.layout
+        if isinstance(layout, MatMulNBitsBlocks):
+            return RelayoutPart(self.type, part.part)
+        if isinstance(layout, CodeLayout):
+            return ExactRelayoutPart(self.type, part.part, shape[-1], layout.operand)
+        if isinstance(layout, MinTermOperand):
+            return MinTermRelayoutPart(self.type, part.part, shape[-1], layout, shape[-2])
+        raise RouteError(f"ggml {self.name} has no re-layout {layout.tag!r}")

@@ -2,7 +2,8 @@
 
 The parameter is the verbatim packed rows, uint8 [..., out, row_bytes], except for the
 MatMulNBits route, whose two parameters are the lossless re-layout of Q8_0 / Q4_0 blocks
-(B and scales, made by storage.RelayoutPart). Routes, per weight slot:
+(B and scales: parts of relayout.MatMulNBitsBlocks, made by storage.RelayoutPart). Routes,
+per weight slot:
 
 | backend  | matmul                                        | select (embedding rows, experts) |
 | standard | decode (standard ops) + Gemm(transB)           | Gather packed rows + decode      |
@@ -24,27 +25,29 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
-from mobius_lite.formats.ggml.exact_codes import code_form
-from mobius_lite.formats.ggml.nbits_layout import layout_parts
-from mobius_lite.formats.ggml.nbits_matmul import emit_exact_nbits_matmul
-from mobius_lite.formats.ggml.relayout import BLOCK_SIZE, RELAYOUT_TYPES, emit_matmulnbits
-from mobius_lite.formats.ggml.relayout_part import NBITS_KIND, ROW_REPEAT, part_suffix
-from mobius_lite.formats.ggml.storage import codec_of
-from mobius_lite.formats.ggml.types import GGMLType
+from mobius_lite.formats.ggml.codecs import codec_of
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
+    BLOCK_SIZE,
+    NBITS_BLOCKS,
+    emit_matmulnbits,
+)
+from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
+from mobius_lite.formats.ggml.relayout.exact_parts import (
+    exact_layout_parameters,
+    exact_layout_values,
+)
+from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts, qmoe_refusal
+from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
+from mobius_lite.formats.parts import Operand, PartOf, part_parameters
 from mobius_lite.formats.weight import FusedExperts, gemm_transposed
 
 # MatMulNBits parameters beside (instead of) the slot's own: "<slot>_nbits_b", "_nbits_scales".
-NBITS_B = "_nbits_b"
-NBITS_SCALES = "_nbits_scales"
-NBITS_PARTS = {NBITS_B: "b", NBITS_SCALES: "scales"}
+NBITS_B = PartOf(NBITS_BLOCKS, "b")
+NBITS_SCALES = PartOf(NBITS_BLOCKS, "scales")
 
-# ggml types onnxruntime 1.32's CPU GatherPacked accepts (probed: tests/test_gguf_export.py
-# checks each against the numpy decode, and that the others are refused; TQ1_0, TQ2_0, MXFP4,
-# NVFP4 and Q1_0 are refused, tests/formats/test_ggml_fp4_ternary.py).
-GATHER_PACKED_CPU = frozenset(
-    {"Q4_0", "Q5_0", "Q8_0", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS"}
-    | {"IQ4_NL", "IQ4_XS"}
-)
+# ggml types onnxruntime 1.32's CPU GatherPacked accepts (their GGMLType rows' `gather_packed`;
+# TQ1_0, TQ2_0, MXFP4, NVFP4 and Q1_0 are refused, tests/formats/test_ggml_fp4_ternary.py).
+GATHER_PACKED_CPU = frozenset(t.name for t in GGML_TYPES.values() if t.gather_packed)
 # MatMulPacked has no CPU kernel and takes f16 / bf16 activations; used for bf16 graphs only
 # (bf16 runs on CUDA only, routes.PROVIDER_PRECISIONS), with the types of the same contract.
 MATMUL_PACKED = GATHER_PACKED_CPU
@@ -76,22 +79,23 @@ class GGMLWeight:
     def choose(
         cls, ggml: GGMLType, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...]
     ) -> GGMLWeight:
-        """The routes for one slot: onnxruntime's ops where they fit, else standard decode."""
+        """The routes for one slot, as the type's row has them (types.py): onnxruntime's ops
+        where they fit, else standard decode."""
         codec_of(ggml.name)  # RouteError now for a type without a decoder
         matmul, select = DECODE, DECODE
         if is_ort(backend) and len(shape) == 2:
-            if ggml.name in RELAYOUT_TYPES and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            if ggml.blocks is not None and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
                 matmul = MATMULNBITS
-            elif ggml.name in MATMUL_PACKED and dtype == ir.DataType.BFLOAT16:
+            elif ggml.gather_packed and dtype == ir.DataType.BFLOAT16:  # MatMulPacked's contract
                 matmul = MATMUL_PACKED_ROUTE
-            if ggml.name in GATHER_PACKED_CPU and matmul != MATMULNBITS:
+            if ggml.gather_packed and matmul != MATMULNBITS:
                 select = GATHER_PACKED
         return cls(ggml, dtype, shape, matmul, select)
 
     def on_exact_layout(self, accuracy_level: int) -> GGMLWeight | str:
         """This 2-D float32 weight's matmul on MatMulNBits over its exact code layout at
         `accuracy_level`, or why there is none (a sentence naming the type)."""
-        if code_form(self.type.name) is None:
+        if self.type.exact is None:
             return f"ggml {self.type.name} has no exact MatMulNBits layout"
         if len(self.shape) != 2 or self.dtype != ir.DataType.FLOAT:
             return f"ggml {self.type.name}: the exact MatMulNBits layout needs 2-D f32 weights"
@@ -99,9 +103,7 @@ class GGMLWeight:
 
     def on_fused_experts(self, kind: str, int8: bool) -> FusedExperts | str:
         """This stacked expert slot as QMoE's fc1 ("fc1", up) or fc2 ("fc2", down) operand
-        (formats/ggml/qmoe.py), or why it cannot be one exactly (a sentence)."""
-        from mobius_lite.formats.ggml.qmoe import QMoEExperts, qmoe_refusal
-
+        (formats/ggml/relayout/qmoe_experts.py), or why it cannot be one exactly (a sentence)."""
         refusal = qmoe_refusal(self.type.name, int8)
         if refusal is not None:
             return refusal
@@ -123,14 +125,16 @@ class GGMLWeight:
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         *lead, k = shape
         if self.matmul_route == NBITS_EXACT:
-            return exact_layout_parameters(self.type.name, NBITS_KIND, shape)
+            return exact_layout_parameters(self.type.name, Operand.MATMUL, shape)
         if self.matmul_route == MATMULNBITS:
             k_blocks = k // BLOCK_SIZE
             blob = self.type.block_bytes - 2
-            return {
-                NBITS_B: nn.Parameter([*lead, k_blocks, blob], dtype=ir.DataType.UINT8),
-                NBITS_SCALES: nn.Parameter([*lead, k_blocks], dtype=ir.DataType.FLOAT16),
-            }
+            return part_parameters(
+                {
+                    NBITS_B: ([*lead, k_blocks, blob], ir.DataType.UINT8),
+                    NBITS_SCALES: ([*lead, k_blocks], ir.DataType.FLOAT16),
+                }
+            )
         return {"": nn.Parameter([*lead, self.type.row_bytes(k)], dtype=ir.DataType.UINT8)}
 
     # ------------------------------------------------------------------ math
@@ -150,9 +154,9 @@ class GGMLWeight:
     ) -> ir.Value:
         n, k = self.shape[-2], self.shape[-1]
         if self.matmul_route == NBITS_EXACT:
-            form = code_form(self.type.name)
+            form = self.type.exact
             assert form is not None
-            parts = {p: params[part_suffix(NBITS_KIND, p)] for p in layout_parts(self.type.name)}
+            parts = exact_layout_values(self.type.name, Operand.MATMUL, params)
             y = emit_exact_nbits_matmul(
                 op,
                 x,
@@ -169,7 +173,7 @@ class GGMLWeight:
             bits = 8 if self.type.name == "Q8_0" else 4
             if x.dtype is None:  # untyped builder value: activations are in self.dtype
                 x.dtype = self.dtype
-            nbits = params[NBITS_B], params[NBITS_SCALES]
+            nbits = params[NBITS_B.suffix], params[NBITS_SCALES.suffix]
             y = emit_matmulnbits(op, x, *nbits, None, k, n, bits, BLOCK_SIZE, bias=bias)
             return typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
         if self.matmul_route == MATMUL_PACKED_ROUTE:
@@ -205,8 +209,10 @@ class GGMLWeight:
         self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value
     ) -> ir.Value:
         """Rows of the MatMulNBits layout decoded: (code - zero point) * scale, as ggml's."""
-        b = op.Gather(params[NBITS_B], indices, axis=0)  # [..., k_blocks, blob]
-        scales = op.Cast(op.Gather(params[NBITS_SCALES], indices, axis=0), to=ir.DataType.FLOAT)
+        b = op.Gather(params[NBITS_B.suffix], indices, axis=0)  # [..., k_blocks, blob]
+        scales = op.Cast(
+            op.Gather(params[NBITS_SCALES.suffix], indices, axis=0), to=ir.DataType.FLOAT
+        )
         if self.type.name == "Q8_0":
             codes, zero = b, 128.0
         else:  # element 2i in the low nibble of byte i, 2i + 1 in the high one
@@ -225,29 +231,6 @@ class GGMLWeight:
             values, op.Concat(lead, op.Constant(value_ints=[self.row_elements]), axis=0)
         )
         return self._to_activation(op, rows)
-
-
-def exact_layout_parameters(
-    type_name: str, kind: str, shape: tuple[int, ...]
-) -> dict[str, nn.Parameter]:
-    """The parameters of an exact code layout (relayout_part.py names and shapes) for a
-    logical weight [..., N, K]; kind "fc1" repeats every row (the SwiGLU form)."""
-    form = code_form(type_name)
-    assert form is not None
-    *lead, n, k = shape
-    n, k_blocks = n * ROW_REPEAT[kind], k // form.block_size
-    blob = form.block_size * form.bits // 8
-    b_shape = [*lead, n, k_blocks, blob] if kind == NBITS_KIND else [*lead, n, k_blocks * blob]
-    shapes = {
-        "b": (b_shape, ir.DataType.UINT8),
-        "scales": ([*lead, n, k_blocks], ir.DataType.FLOAT),
-        "zero_points": ([*lead, n, (k_blocks * form.bits + 7) // 8], ir.DataType.UINT8),
-        "mins": ([*lead, n, k // 32], ir.DataType.FLOAT),
-    }
-    return {
-        part_suffix(kind, p): nn.Parameter(shapes[p][0], dtype=shapes[p][1])
-        for p in layout_parts(type_name)
-    }
 
 
 def _dims(value: ir.Value, drop_last: bool = False) -> list[Any] | None:

@@ -26,7 +26,8 @@ import onnx_ir as ir
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage
-from mobius_lite.formats.quantize.nbits_weight import NBitsWeight
+from mobius_lite.formats.parts import CodeLayout, Operand, PartOf
+from mobius_lite.formats.quantize.nbits_weight import NBitsBlocks, NBitsWeight
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 from mobius_lite.formats.weight import WeightFormat
@@ -188,6 +189,17 @@ class NBitsStorage:
         if not isinstance(target, DenseStorage):
             raise RouteError(f"no conversion from {self.recipe.type.value} to {target.name}")
         return NBitsQuantize(self.source.dtype, self.recipe, self.row, target.dtype)
+
+    def part_conversion(self, part: PartOf, shape: tuple[int, ...], dtype: np.dtype) -> Conversion:
+        """One part of the blocks, scales in `dtype`: MatMulNBits' (nbits_weight.NBitsBlocks)
+        or a QMoE operand's (a CodeLayout for fc1 / fc2: 2-D B per expert, fc1 rows twice)."""
+        quantize = NBitsQuantize(self.source.dtype, self.recipe, self.row, dtype)
+        layout = part.layout
+        if isinstance(layout, NBitsBlocks):
+            return quantize.with_part(part.part)
+        if isinstance(layout, CodeLayout) and layout.operand is not Operand.MATMUL:
+            return quantize.with_part(part.part, layout.operand.repeat, flat=True)
+        raise RouteError(f"{self.recipe.type.value} weights have no re-layout {layout.tag!r}")
 
     def weight_format(
         self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool

@@ -4,9 +4,9 @@ QMoE computes each selected expert from block-wise codes along K, (code - zero p
 scale with float32 scales and uint8 zero points (omitted: the symmetric default 2^(bits-1)),
 which is what int4 / int8 blocks are (nbits.py). fc1 (up) takes SwiGLU's fused form, every
 row given twice in a row (components/moe_fused.py: ReLU^2 exactly), so the experts store
-1.5x their bytes. Kernel facts as for ggml experts (formats/ggml/qmoe.py): 4-bit experts keep
-float32 activations at accuracy 0, 8-bit ones compute with int8 activations only; fc1 and
-fc2 share one bit width and block size.
+1.5x their bytes. Kernel facts as for ggml experts (formats/ggml/relayout/qmoe_experts.py):
+4-bit experts keep float32 activations at accuracy 0, 8-bit ones compute with int8 activations
+only; fc1 and fc2 share one bit width and block size.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.formats.ggml.relayout_part import ROW_REPEAT, part_suffix
+from mobius_lite.formats.parts import CodeLayout, Operand, part_parameters
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat
 
@@ -58,32 +58,35 @@ class NBitsQMoE(InsideQMoE):
     def stored_type(self) -> str:
         return f"{self.recipe.type.value} block {self.recipe.block}"
 
+    @property
+    def layout(self) -> CodeLayout:
+        """The slot's code layout for its QMoE operand (fc1: every row twice)."""
+        return CodeLayout(Operand.of_experts(self.kind))
+
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         *lead, n, k = shape
-        rows, k_blocks = n * ROW_REPEAT[self.kind], k // self.recipe.block
-        out = {
-            part_suffix(self.kind, "b"): nn.Parameter(
+        layout = self.layout
+        rows, k_blocks = n * layout.operand.repeat, k // self.recipe.block
+        parts = {
+            layout.part("b"): (
                 [*lead, rows, k_blocks * self.recipe.block * self.bits // 8],
-                dtype=ir.DataType.UINT8,
+                ir.DataType.UINT8,
             ),
-            part_suffix(self.kind, "scales"): nn.Parameter(
-                [*lead, rows, k_blocks], dtype=ir.DataType.FLOAT
-            ),
+            layout.part("scales"): ([*lead, rows, k_blocks], ir.DataType.FLOAT),
         }
         if not self.recipe.symmetric:
             zp = (k_blocks * self.bits + 7) // 8
-            out[part_suffix(self.kind, "zero_points")] = nn.Parameter(
-                [*lead, rows, zp], dtype=ir.DataType.UINT8
-            )
-        return out
+            parts[layout.part("zero_points")] = ([*lead, rows, zp], ir.DataType.UINT8)
+        return part_parameters(parts)
 
     def operands(
         self, op: OpBuilder, params: dict[str, ir.Value]
     ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+        layout = self.layout
         return (
-            params[part_suffix(self.kind, "b")],
-            params[part_suffix(self.kind, "scales")],
-            params.get(part_suffix(self.kind, "zero_points")),
+            params[layout.part("b").suffix],
+            params[layout.part("scales").suffix],
+            params.get(layout.part("zero_points").suffix),
         )
 
     def layer_byte_cost(self, down: FusedExperts) -> float:

@@ -24,14 +24,29 @@ from onnxscript import OpBuilder, nn
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import is_ort, typed
-from mobius_lite.formats.ggml.relayout import emit_matmulnbits
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import emit_matmulnbits
 from mobius_lite.formats.ggml.weight import runtime_view
+from mobius_lite.formats.parts import PartOf, part_parameters
 from mobius_lite.formats.quantize.nbits_qmoe import NBitsQMoE, qmoe_refusal
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.formats.weight import FusedExperts, WeightFormat, gemm_transposed
 
-B, SCALES, ZERO_POINTS = "_q_b", "_q_scales", "_q_zero_points"
-PART_SUFFIXES = {B: "b", SCALES: "scales", ZERO_POINTS: "zero_points"}
+PARTS = ("b", "scales", "zero_points")  # MatMulNBits' inputs, in their order
+
+
+@dataclass(frozen=True)
+class NBitsBlocks:
+    """int4 / int8 blocks quantized at export, cut into MatMulNBits' B, scales and zero points:
+    a re-layout whose parts (formats/parts.py) are `<slot>_q_b`, `_q_scales`, `_q_zero_points`."""
+
+    @property
+    def tag(self) -> str:
+        return "q"
+
+
+Q_BLOCKS = NBitsBlocks()
+B_PART, SCALES_PART, ZERO_POINTS_PART = (PartOf(Q_BLOCKS, p) for p in PARTS)
+B, SCALES, ZERO_POINTS = B_PART.suffix, SCALES_PART.suffix, ZERO_POINTS_PART.suffix
 SCALE_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
@@ -69,16 +84,14 @@ class NBitsWeight:
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
         *lead, n, k = shape
         k_blocks = k // self.recipe.block
-        params = {
-            B: nn.Parameter(
-                [*lead, n, k_blocks, self.recipe.block * self.bits // 8], dtype=ir.DataType.UINT8
-            ),
-            SCALES: nn.Parameter([*lead, n, k_blocks], dtype=self.dtype),
+        parts = {
+            B_PART: ([*lead, n, k_blocks, self.recipe.block * self.bits // 8], ir.DataType.UINT8),
+            SCALES_PART: ([*lead, n, k_blocks], self.dtype),
         }
         if not self.recipe.symmetric:
             zp = (k_blocks * self.bits + 7) // 8
-            params[ZERO_POINTS] = nn.Parameter([*lead, n, zp], dtype=ir.DataType.UINT8)
-        return params
+            parts[ZERO_POINTS_PART] = ([*lead, n, zp], ir.DataType.UINT8)
+        return part_parameters(parts)
 
     def matmul(
         self,

@@ -18,6 +18,7 @@ from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml.storage import Dequantize, GGMLStorage
+from mobius_lite.formats.parts import PartOf
 from mobius_lite.formats.quantize.conversion import QuantizeBlocks, ThenPart
 from mobius_lite.formats.quantize.nbits import NBitsStorage
 from mobius_lite.formats.quantize.recipe import Recipe
@@ -64,6 +65,12 @@ class QuantizedStorage:
             f"a {self.source.name} tensor quantized to {self.recipe.type.value} is written as "
             f"its blocks, not as {target.name}"
         )
+
+    def part_conversion(self, part: PartOf, shape: tuple[int, ...], dtype: np.dtype) -> Conversion:
+        """Quantize, then cut `part` out of the blocks as from a GGUF tensor of that type."""
+        ggml = self.recipe.ggml
+        blocks = (*shape[:-1], ggml.row_bytes(shape[-1]))
+        return ThenPart(self.quantize(), self.blocks.part_conversion(part, blocks, dtype))
 
     def weight_format(
         self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool

@@ -7,7 +7,7 @@ Q6_K, IQ2_XXS, MXFP4 and NVFP4 (8 bits). Per-expert `.scale` sidecars multiply e
 block scales (formats/weight.py, ScaledExperts). The up projection is fc1 in SwiGLU's fused,
 interleaved form, every row given twice (1.5x the experts' bytes; components/moe_fused.py
 says why ReLU^2 comes out exactly). A layer with Q4_K experts takes the min-term layouts of
-qmoe_mins.py instead (`MinTermExperts`: the input's block sums appended for Q4_K up, the
+qmoe_min_term.py instead (`MinTermExperts`: the input's block sums appended for Q4_K up, the
 intermediate doubled or tripled for Q4_K down), chosen for both slots together
 (`QMoEExperts.paired_with`).
 
@@ -24,24 +24,28 @@ from dataclasses import dataclass
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.formats.contrib import contrib_op, typed
-from mobius_lite.formats.ggml.exact_codes import code_form
-from mobius_lite.formats.ggml.nbits_layout import layout_bytes_per_element, layout_parts
-from mobius_lite.formats.ggml.qmoe_mins import (
+from mobius_lite.formats.contrib import typed
+from mobius_lite.formats.ggml.relayout.exact_codes import code_form
+from mobius_lite.formats.ggml.relayout.exact_layout import layout_bytes_per_element
+from mobius_lite.formats.ggml.relayout.exact_parts import (
+    exact_layout_parameters,
+    exact_layout_values,
+)
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
     MIN_TYPE,
     SUB,
     SUMS_PER_SUPER,
     SUPER,
+    MinTermOperand,
     MinTermPlan,
     ggml_bytes,
     min_term_bytes,
     min_term_plan,
     operand_shapes,
 )
-from mobius_lite.formats.ggml.relayout_part import FC1_KIND, FC2_KIND, part_suffix
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
-from mobius_lite.formats.ggml.weight import GGMLWeight, exact_layout_parameters
-from mobius_lite.formats.weight import FusedExperts, InsideQMoE
+from mobius_lite.formats.parts import Operand, PartOf, part_parameters
+from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat
 
 UINT8 = ir.DataType.UINT8
 
@@ -75,8 +79,8 @@ class QMoEExperts(InsideQMoE):
     type: GGMLType
     dtype: ir.DataType
     shape: tuple[int, ...]
-    kind: str  # FC1_KIND or FC2_KIND
-    exact: GGMLWeight  # the slot's exact format, if the layer falls back to it
+    kind: str  # "fc1" or "fc2"
+    exact: WeightFormat  # the slot's exact format (a GGMLWeight), if the layer falls back to it
     int8: bool = False  # int8 activations allowed (the int8 route)
 
     @property
@@ -85,13 +89,13 @@ class QMoEExperts(InsideQMoE):
 
     @property
     def bits(self) -> int:
-        form = code_form(self.type.name)
+        form = self.type.exact
         assert form is not None
         return form.bits
 
     @property
     def block_size(self) -> int:
-        form = code_form(self.type.name)
+        form = self.type.exact
         assert form is not None
         return form.block_size
 
@@ -126,28 +130,28 @@ class QMoEExperts(InsideQMoE):
         return "do not both fit one QMoE layout (one bit width and block size)"
 
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
-        return exact_layout_parameters(self.type.name, self.kind, shape)
+        return exact_layout_parameters(self.type.name, Operand.of_experts(self.kind), shape)
 
     def operands(
         self, op: OpBuilder, params: dict[str, ir.Value]
     ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         """(weights, scales, zero points or None) for QMoE's fc1 / fc2 inputs."""
-        parts = {p: params[part_suffix(self.kind, p)] for p in layout_parts(self.type.name)}
+        parts = exact_layout_values(self.type.name, Operand.of_experts(self.kind), params)
         return parts["b"], parts["scales"], parts.get("zero_points")
 
 
 @dataclass(frozen=True)
 class MinTermExperts(InsideQMoE):
     """One stacked expert slot of a layer with Q4_K experts, on the layer's min-term `plan`
-    (qmoe_mins.py): fc1 (up: rows twice, tiled per intermediate copy, sum columns for Q4_K)
+    (qmoe_min_term.py): fc1 (up: rows twice, tiled per intermediate copy, sum columns for Q4_K)
     or fc2 (down: [A2 | -B2] for Q4_K, zero rows for fc1's sum columns)."""
 
     type: GGMLType
     dtype: ir.DataType
     shape: tuple[int, ...]
-    kind: str  # FC1_KIND or FC2_KIND
+    kind: str  # "fc1" or "fc2"
     plan: MinTermPlan
-    exact: GGMLWeight
+    exact: WeightFormat
 
     @property
     def name(self) -> str:
@@ -169,24 +173,27 @@ class MinTermExperts(InsideQMoE):
     def _shapes(self, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
         return operand_shapes(self.type.name, self.kind, self.plan, shape)
 
+    @property
+    def layout(self) -> MinTermOperand:
+        return MinTermOperand(Operand.of_experts(self.kind), self.plan)
+
     def parameters(self, shape: tuple[int, ...]) -> dict[str, nn.Parameter]:
-        kind = self.plan.kind(self.kind)
         types = {"b": UINT8, "scales": ir.DataType.FLOAT, "zero_points": UINT8}
-        return {
-            part_suffix(kind, p): nn.Parameter(list(s), dtype=types[p])
-            for p, s in self._shapes(shape).items()
-        }
+        return part_parameters(
+            {PartOf(self.layout, p): (s, types[p]) for p, s in self._shapes(shape).items()}
+        )
 
     def operands(
         self, op: OpBuilder, params: dict[str, ir.Value]
     ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
-        kind = self.plan.kind(self.kind)
-        zero_points = params.get(part_suffix(kind, "zero_points"))
-        return params[part_suffix(kind, "b")], params[part_suffix(kind, "scales")], zero_points
+        def part(name: str) -> str:
+            return PartOf(self.layout, name).suffix
+
+        return params[part("b")], params[part("scales")], params.get(part("zero_points"))
 
     def kernel_input(self, op: OpBuilder, x: ir.Value) -> ir.Value:
         """fc1's input: x, with its block sums appended when up is Q4_K."""
-        if self.kind != FC1_KIND or not self.plan.augmented:
+        if self.kind != "fc1" or not self.plan.augmented:
             return x
         return augment_input(op, x, self.plan, self.shape[-1])
 
@@ -213,7 +220,7 @@ class MinTermExperts(InsideQMoE):
 
 def augment_input(op: OpBuilder, x: ir.Value, plan: MinTermPlan, hidden: int) -> ir.Value:
     """x [rows, hidden] -> [x, S (, S)]: S the 32-block sums of x, each super-block's 8 padded
-    to one kernel block with zeros (qmoe_mins.py, fc1's sum columns), once per min part."""
+    to one kernel block with zeros (qmoe_min_term.py, fc1's sum columns), once per min part."""
     supers = hidden // SUPER
     per_sub = op.Reshape(x, op.Constant(value_ints=[-1, supers, SUMS_PER_SUPER, SUB]))
     sums = op.ReduceSum(per_sub, op.Constant(value_ints=[-1]), keepdims=0)  # [rows, K/256, 8]
@@ -223,51 +230,10 @@ def augment_input(op: OpBuilder, x: ir.Value, plan: MinTermPlan, hidden: int) ->
     return typed(out, ir.DataType.FLOAT, None)
 
 
-def emit_qmoe(
-    op: OpBuilder,
-    x: ir.Value,
-    router_probs: ir.Value,
-    router_weights: ir.Value,
-    fc1: tuple[ir.Value, ir.Value, ir.Value | None],
-    fc2: tuple[ir.Value, ir.Value, ir.Value | None],
-    *,
-    k: int,
-    fc1_bits: int,
-    fc2_bits: int,
-    block_size: int,
-    accuracy_level: int,
-    activation: dict[str, object],
-) -> ir.Value:
-    """One com.microsoft QMoE node: selection by `router_probs` (top-k), mixing by the values
-    of `router_weights` at the selected experts as given (normalize_routing_weights=0)."""
-    (w1, s1, z1), (w2, s2, z2) = fc1, fc2
-    inputs: list[ir.Value | None] = [x, router_probs, w1, s1, None, w2, s2, None]
-    inputs += [None, None, None, z1, z2, None, router_weights]
-    out = op.QMoE(
-        *inputs,
-        k=k,
-        expert_weight_bits=fc1_bits,
-        fc1_expert_weight_bits=fc1_bits,
-        fc2_expert_weight_bits=fc2_bits,
-        block_size=block_size,
-        accuracy_level=accuracy_level,
-        normalize_routing_weights=0,
-        use_sparse_mixer=0,
-        weights_prepacked=0,  # the raw [E, N, K * bits / 8] layout (the default -1 means an
-        # execution provider's own prepacked layout)
-        **activation,
-        **contrib_op(op),
-    )
-    return typed(out, ir.DataType.FLOAT, None)
-
-
 __all__ = [
-    "FC1_KIND",
-    "FC2_KIND",
     "MinTermExperts",
     "QMoEExperts",
     "augment_input",
-    "emit_qmoe",
     "experts_byte_cost",
     "qmoe_refusal",
 ]

@@ -1,8 +1,8 @@
-"""The matmul of an exact block-wise layout (nbits_layout.py) as onnxruntime operators.
+"""The matmul of an exact block-wise layout (exact_layout.py) as onnxruntime operators.
 
 Y = x @ dequant(B)^T is one com.microsoft MatMulNBits node on the constant B, scales and
 uint8 zero points. A layout with mins (Q4_K: value = (code - zero point) * scale - min per
-32-block; the min is the residual of a centered zero point, nbits_layout.py) also subtracts
+32-block; the min is the residual of a centered zero point, exact_layout.py) also subtracts
 sum_j (sum of x over 32-block j) * min[n, j]:
     Y -= ReduceSum(x viewed [rows, K / 32, 32], last axis) @ mins^T
 a [rows, K / 32] x [K / 32, N] float32 product (1/32 of the matmul's work), which is exactly
@@ -17,7 +17,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript import OpBuilder
 
-from mobius_lite.formats.ggml.relayout import emit_matmulnbits
+from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import emit_matmulnbits
 
 MIN_BLOCK = 32  # Q4_K's min sub-block
 

@@ -22,20 +22,29 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.contrib import contrib_op
 from mobius_lite.formats.ggml.blocks import as_blocks
-from mobius_lite.formats.ggml.exact_codes import exact_codes
-from mobius_lite.formats.ggml.nbits_layout import pack_codes, packed_zero_points
-from mobius_lite.formats.ggml.types import GGML_TYPES
+from mobius_lite.formats.ggml.relayout.exact_codes import exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import pack_codes, packed_zero_points
+from mobius_lite.formats.ggml.types import GGML_TYPES, BlocksForm
+
+# the types whose blocks are MatMulNBits blocks (their GGMLType rows' `blocks`)
+_LAYOUTS: dict[str, BlocksForm] = {
+    t.name: t.blocks for t in GGML_TYPES.values() if t.blocks is not None
+}
+RELAYOUT_TYPES: tuple[str, ...] = tuple(_LAYOUTS)
+BLOCK_SIZE = 32  # both types' block; MatMulNBits accepts powers of two >= 16
 
 
 @dataclass(frozen=True)
-class _Layout:
-    bits: int
-    zero_point: int
+class MatMulNBitsBlocks:
+    """The re-layout of Q8_0 / Q4_0 blocks into MatMulNBits' B and fp16 scales (this module),
+    whose parts (formats/parts.py) are `<slot>_nbits_b` and `<slot>_nbits_scales`."""
+
+    @property
+    def tag(self) -> str:
+        return "nbits"
 
 
-_LAYOUTS: dict[str, _Layout] = {"Q8_0": _Layout(8, 128), "Q4_0": _Layout(4, 8)}
-RELAYOUT_TYPES: tuple[str, ...] = tuple(_LAYOUTS)
-BLOCK_SIZE = 32  # both types' block; MatMulNBits accepts powers of two >= 16
+NBITS_BLOCKS = MatMulNBitsBlocks()
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ class MatMulNBitsWeights:
     block_size: int
 
 
-def _layout(type_name: str) -> _Layout:
+def _layout(type_name: str) -> BlocksForm:
     if type_name not in _LAYOUTS:
         raise ValueError(
             f"no lossless MatMulNBits layout for {type_name}; supported: {RELAYOUT_TYPES}"
@@ -62,7 +71,7 @@ def _layout(type_name: str) -> _Layout:
     return _LAYOUTS[type_name]
 
 
-def _packed_zero_points(n: int, k_blocks: int, layout: _Layout) -> np.ndarray:
+def _packed_zero_points(n: int, k_blocks: int, layout: BlocksForm) -> np.ndarray:
     """The constant ggml zero point in MatMulNBits' packed uint8 form."""
     return packed_zero_points((n,), k_blocks, layout.zero_point, layout.bits)
 

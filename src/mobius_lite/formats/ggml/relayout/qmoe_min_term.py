@@ -23,16 +23,16 @@ all-4-bit layer under int8 (4 without: 4-bit experts keep f32 activations at acc
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from mobius_lite.formats.ggml.blocks import as_blocks, f16_at
-from mobius_lite.formats.ggml.exact_codes import code_form, exact_codes
 from mobius_lite.formats.ggml.kquants import _scale_min_k4
-from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, pack_codes
+from mobius_lite.formats.ggml.relayout.exact_codes import code_form, exact_codes
+from mobius_lite.formats.ggml.relayout.exact_layout import NBitsLayout, pack_codes
 from mobius_lite.formats.ggml.types import GGML_TYPES
+from mobius_lite.formats.parts import Operand
 
 SUPER, SUB = 256, 32  # Q4_K: 256 values per fp16 (d, dmin), 8 sub-blocks of 32 per super-block
 SUMS_PER_SUPER = SUPER // SUB
@@ -65,7 +65,7 @@ class MinTermPlan:
         return 128 if self.bits == 8 else 15
 
     def kind(self, slot: str) -> str:
-        """The parameter-name kind of slot "fc1" / "fc2" under this plan."""
+        """The parameter-name tag of slot "fc1" / "fc2" under this plan (MinTermOperand's)."""
         return f"{slot}q{self.bits}b{self.block}c{self.copies}{'s' if self.augmented else 'n'}"
 
     def extra_columns(self, hidden: int) -> int:
@@ -73,16 +73,17 @@ class MinTermPlan:
         return hidden // SUPER * self.block * self.min_parts if self.augmented else 0
 
 
-KIND_PATTERN = re.compile(r"^(fc[12])q(4|8)b(16|32)c([123])([sn])$")
+@dataclass(frozen=True)
+class MinTermOperand:
+    """The min-term layout of one expert slot (fc1 or fc2) under a layer's `plan`: a re-layout
+    whose parts (formats/parts.py) are the slot's QMoE operand."""
 
+    operand: Operand
+    plan: MinTermPlan
 
-def parse_kind(kind: str) -> tuple[str, MinTermPlan] | None:
-    """(slot, plan) of a min-term kind string, None for other kinds."""
-    match = KIND_PATTERN.match(kind)
-    if match is None:
-        return None
-    slot, bits, block, copies, aug = match.groups()
-    return slot, MinTermPlan(int(bits), int(block), aug == "s", int(copies))
+    @property
+    def tag(self) -> str:
+        return self.plan.kind(self.operand.value)
 
 
 def min_term_plan(up_type: str, down_type: str, int8: bool) -> MinTermPlan | str:
@@ -272,7 +273,7 @@ def logical_weight(
     decoded: np.ndarray, slot: str, plan: MinTermPlan, n: int, k: int
 ) -> np.ndarray | None:
     """The expert weight [..., n, k] an operand stands for, from the operand [..., N', K']
-    decoded by the kernel's definition (relayout_part.layout_decode): its row copies and sum
+    decoded by the kernel's definition (exact_parts.layout_decode): its row copies and sum
     columns folded back, float32; None when its structure is not the plan's (repeated rows
     differ, padding not zero). A zero's sign may differ from ggml's own dequantization (0 * -d,
     the min added as -dmin*m): compare values, not bits."""

@@ -15,9 +15,9 @@ without changing one decoded value (every product below is exact in float32, so
 | NVFP4   | 8    | 16    | 128 + 2 e2m1  | 128        | ue4m3(d) / 2      | -         |
 
 Q4_K's value is d*sc*q - dmin*m: the min is not a zero point (a block with sc = 0 still has
-one), so it stays a separate per-block term that the graph subtracts (nbits_matmul.py). The
+one), so it stays a separate per-block term that the graph subtracts (exact_matmulnbits.py). The
 MatMulNBits layout of linear layers moves most of it into a per-block zero point z =
-round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (nbits_layout.py,
+round(dmin*m / (d*sc)), keeping the residual dmin*m - d*sc*z as the min (exact_layout.py,
 center_mins): the same float32 values, at the same bytes (Q4_K's zero points are stored
 anyway), and int8 activations then err as llama.cpp's do. IQ2_XXS's g
 is a grid value (8, 25 or 43) with its sign. MXFP4's and NVFP4's code is the E2M1 value
@@ -48,7 +48,7 @@ from mobius_lite.formats.ggml.kquants import _nibbles_256, _per16, _per32, _scal
 from mobius_lite.formats.ggml.legacy import _nibbles
 from mobius_lite.formats.ggml.mxfp4 import E8M0_HALF, KVALUES_MXFP4
 from mobius_lite.formats.ggml.nvfp4 import UE4M3_HALF
-from mobius_lite.formats.ggml.types import GGML_TYPES
+from mobius_lite.formats.ggml.types import GGML_TYPES, CodeForm
 
 
 @dataclass(frozen=True)
@@ -68,24 +68,9 @@ class ExactCodes:
         return int(self.codes.shape[-1])
 
 
-@dataclass(frozen=True)
-class CodeForm:
-    """What a type's exact code form is (the module table), before any data is read."""
-
-    bits: int
-    block_size: int
-    zero_point: int
-    has_mins: bool = False
-
-
+# the types with an exact code form (their GGMLType rows' `exact`), in ggml's order
 CODE_FORMS: dict[str, CodeForm] = {
-    "Q4_0": CodeForm(4, 32, 8),
-    "Q8_0": CodeForm(8, 32, 128),
-    "Q4_K": CodeForm(4, 32, 0, has_mins=True),
-    "Q6_K": CodeForm(8, 16, 128),
-    "IQ2_XXS": CodeForm(8, 32, 128),
-    "MXFP4": CodeForm(8, 32, 128),
-    "NVFP4": CodeForm(8, 16, 128),
+    t.name: t.exact for t in GGML_TYPES.values() if t.exact is not None
 }
 EXACT_CODE_TYPES: tuple[str, ...] = tuple(CODE_FORMS)
 

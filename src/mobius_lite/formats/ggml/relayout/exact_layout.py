@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mobius_lite.formats.ggml.exact_codes import CODE_FORMS, ExactCodes, code_form, exact_codes
+from mobius_lite.formats.ggml.relayout.exact_codes import (
+    CODE_FORMS,
+    ExactCodes,
+    code_form,
+    exact_codes,
+)
 from mobius_lite.formats.ggml.types import GGML_TYPES
 
 

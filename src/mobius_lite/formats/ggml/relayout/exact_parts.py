@@ -1,74 +1,74 @@
-"""One part of an exact block-wise layout (nbits_layout.py) as a storage Conversion.
+"""One part of an exact block-wise layout (exact_layout.py) as a storage Conversion.
 
 A ggml tensor re-laid for MatMulNBits or QMoE feeds several initializers, one per part
-("b", "scales", "zero_points", "mins"). Parameter suffixes name the kernel and the part:
-"<slot>_nbx_b" (MatMulNBits: B [N, K / block, blob]), "<slot>_fc1_b" / "<slot>_fc2_b" (QMoE:
-B [E, N, K * bits / 8]; fc1 gives every row twice, the SwiGLU form of ReLU^2). `verify`
+("b", "scales", "zero_points", "mins"), each a PartParameter of a `CodeLayout` (formats/
+parts.py) for its operand: MatMulNBits' B [N, K / block, blob], or QMoE's B [E, N, K * bits /
+8] (fc1 gives every row twice, the SwiGLU form of ReLU^2). `verify`
 recomputes a part by decoding the whole layout with the kernels' definition
 (code - zero_point) * scale [- min] and requiring gguf-py's `dequantize` bit for bit.
-MatMulNBits layouts ("nbx") center a min term into per-block zero points (nbits_layout.py,
+MatMulNBits layouts ("nbx") center a min term into per-block zero points (exact_layout.py,
 center_mins: Q4_K's int8-activation error); the QMoE kinds keep their uncentered form.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
+from onnxscript import nn
 
 from mobius_lite.errors import RouteError
-from mobius_lite.formats.ggml.exact_codes import CODE_FORMS
-from mobius_lite.formats.ggml.nbits_layout import NBitsLayout, layout_parts, to_nbits_layout
-from mobius_lite.formats.ggml.qmoe_mins import (
+from mobius_lite.formats.ggml.relayout.exact_codes import CODE_FORMS, code_form
+from mobius_lite.formats.ggml.relayout.exact_layout import (
+    NBitsLayout,
+    layout_parts,
+    to_nbits_layout,
+)
+from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
+    MinTermOperand,
     logical_weight,
     min_term_layout,
     operand_shapes,
-    parse_kind,
 )
 from mobius_lite.formats.ggml.types import GGMLType
+from mobius_lite.formats.parts import CodeLayout, Operand, part_parameters
 from mobius_lite.formats.storage import Bytes
 
-NBITS_KIND, FC1_KIND, FC2_KIND = "nbx", "fc1", "fc2"
-KINDS = (NBITS_KIND, FC1_KIND, FC2_KIND)
 PARTS = ("b", "scales", "zero_points", "mins")
-ROW_REPEAT = {NBITS_KIND: 1, FC1_KIND: 2, FC2_KIND: 1}
 
 
-def part_suffix(kind: str, part: str) -> str:
-    return f"_{kind}_{part}"
+def exact_layout_parameters(
+    type_name: str, operand: Operand, shape: tuple[int, ...]
+) -> dict[str, nn.Parameter]:
+    """The parameters of the exact code layout of `type_name` for `operand` (a logical weight
+    [..., N, K]), each carrying its part (formats/parts.py); fc1 repeats every row."""
+    form = code_form(type_name)
+    assert form is not None
+    *lead, n, k = shape
+    n, k_blocks = n * operand.repeat, k // form.block_size
+    blob = form.block_size * form.bits // 8
+    b_shape = (
+        [*lead, n, k_blocks, blob] if operand is Operand.MATMUL else [*lead, n, k_blocks * blob]
+    )
+    shapes = {
+        "b": (b_shape, ir.DataType.UINT8),
+        "scales": ([*lead, n, k_blocks], ir.DataType.FLOAT),
+        "zero_points": ([*lead, n, (k_blocks * form.bits + 7) // 8], ir.DataType.UINT8),
+        "mins": ([*lead, n, k // 32], ir.DataType.FLOAT),
+    }
+    layout = CodeLayout(operand)
+    return part_parameters({layout.part(p): shapes[p] for p in layout_parts(type_name)})
 
 
-# "<slot>_<kind>_<part>" -> (kind, part), for the name maps
-EXACT_SUFFIXES: dict[str, tuple[str, str]] = {
-    part_suffix(kind, part): (kind, part) for kind in KINDS for part in PARTS
-}
-
-
-# "<slot>_<min-term kind>_<part>" (qmoe_mins.py: the QMoE layouts of layers with Q4_K experts)
-MIN_TERM_SUFFIX = re.compile(r"_(fc[12]q\d+b\d+c\d[sn])_(b|scales|zero_points)$")
-
-
-def split_suffix(target: str) -> tuple[str, str, str] | None:
-    """(slot name, kind, part) of an exact-layout parameter name, None for others."""
-    for suffix, (kind, part) in EXACT_SUFFIXES.items():
-        if target.endswith(suffix):
-            return target.removesuffix(suffix), kind, part
-    match = MIN_TERM_SUFFIX.search(target)
-    if match is not None and parse_kind(match.group(1)) is not None:
-        return target[: match.start()], match.group(1), match.group(2)
-    return None
-
-
-def exact_relayout(
-    type: GGMLType, kind: str, part: str, row_bytes: int, shape: tuple[int, ...]
-) -> ExactRelayoutPart | MinTermRelayoutPart:
-    """The Conversion for one part of kind `kind` of a ggml tensor of logical shape `shape`."""
-    if parse_kind(kind) is not None:
-        return MinTermRelayoutPart(type, kind, part, row_bytes, int(shape[-2]))
-    return ExactRelayoutPart(type, kind, part, row_bytes)
+def exact_layout_values(
+    type_name: str, operand: Operand, params: dict[str, ir.Value]
+) -> dict[str, ir.Value]:
+    """The exact layout's parameters among a slot's `params`, by part."""
+    layout = CodeLayout(operand)
+    return {p: params[layout.part(p).suffix] for p in layout_parts(type_name)}
 
 
 def layout_decode(layout: NBitsLayout) -> np.ndarray:
@@ -104,13 +104,16 @@ class _LayoutPart:
     `_layout` makes from the raw ggml bytes."""
 
     type: GGMLType
-    kind: str
     part: str
     row_bytes: int
 
     @property
     def name(self) -> str:
-        return f"relayout-{self.kind}"
+        return f"relayout-{self.tag}"
+
+    @property
+    def tag(self) -> str:
+        raise NotImplementedError
 
     @property
     def verbatim(self) -> bool:
@@ -128,12 +131,18 @@ class _LayoutPart:
 
 @dataclass(frozen=True)
 class ExactRelayoutPart(_LayoutPart):
-    """Part `part` of the `kind` layout of a ggml tensor (module doc); `row_bytes` is one
-    source row (the unit when rows repeat)."""
+    """Part `part` of the exact code layout of a ggml tensor for `operand` (module doc);
+    `row_bytes` is one source row (the unit when rows repeat)."""
+
+    operand: Operand
+
+    @property
+    def tag(self) -> str:
+        return self.operand.value
 
     def __post_init__(self) -> None:
-        if self.type.name not in CODE_FORMS or self.kind not in KINDS:
-            raise RouteError(f"no exact {self.kind} layout for ggml {self.type.name}")
+        if self.type.name not in CODE_FORMS:
+            raise RouteError(f"no exact {self.tag} layout for ggml {self.type.name}")
         if self.part not in layout_parts(self.type.name):
             raise RouteError(f"ggml {self.type.name}'s exact layout has no part {self.part!r}")
 
@@ -143,11 +152,11 @@ class ExactRelayoutPart(_LayoutPart):
 
     @property
     def repeat(self) -> int:
-        return ROW_REPEAT[self.kind]
+        return self.operand.repeat
 
     def _layout(self, raw: Bytes) -> tuple[np.ndarray, NBitsLayout]:
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.row_bytes)
-        center = self.kind == NBITS_KIND
+        center = self.operand is Operand.MATMUL
         return rows, to_nbits_layout(self.type.name, rows, repeat=self.repeat, center_mins=center)
 
     def recompute(self, raw: Bytes) -> bytes:
@@ -170,7 +179,7 @@ class ExactRelayoutPart(_LayoutPart):
         n, k_blocks = n * self.repeat, k // form.block_size
         if self.part == "b":
             blob = form.block_size * form.bits // 8
-            if self.kind == NBITS_KIND:
+            if self.operand is Operand.MATMUL:
                 return (*lead, n, k_blocks, blob)
             return (*lead, n, k_blocks * blob)
         if self.part == "zero_points":
@@ -182,30 +191,29 @@ class ExactRelayoutPart(_LayoutPart):
 
 @dataclass(frozen=True)
 class MinTermRelayoutPart(_LayoutPart):
-    """Part `part` of a min-term QMoE operand (qmoe_mins.py; `kind` names the slot and the
+    """Part `part` of a min-term QMoE operand (qmoe_min_term.py: `layout` names the slot and the
     layer's plan) of a ggml expert tensor; the unit is one expert (`rows` rows), since the
     operand tiles and pads whole experts. `verify` folds the decoded operand back to the
     expert weight (logical_weight) and requires gguf-py's values exactly (value for value: a
     zero may carry the other sign, which no sum the kernel computes can see)."""
 
+    layout: MinTermOperand
     rows: int
 
     def __post_init__(self) -> None:
-        parsed = parse_kind(self.kind)
-        if parsed is None or self.type.name not in CODE_FORMS:
-            raise RouteError(f"no min-term QMoE layout {self.kind} for ggml {self.type.name}")
+        if self.type.name not in CODE_FORMS:
+            raise RouteError(f"no min-term QMoE layout {self.tag} for ggml {self.type.name}")
+
+    @property
+    def tag(self) -> str:
+        return self.layout.tag
 
     @property
     def unit_bytes(self) -> int:
         return self.rows * self.row_bytes
 
-    def _plan(self):
-        parsed = parse_kind(self.kind)
-        assert parsed is not None
-        return parsed
-
     def _layout(self, raw: Bytes) -> tuple[np.ndarray, NBitsLayout]:
-        slot, plan = self._plan()
+        slot, plan = self.layout.operand.value, self.layout.plan
         experts = np.frombuffer(raw, dtype=np.uint8).reshape(-1, self.rows, self.row_bytes)
         return experts, min_term_layout(self.type.name, slot, experts, plan)
 
@@ -214,7 +222,7 @@ class MinTermRelayoutPart(_LayoutPart):
         for bit; an operand that does not is a mismatch."""
         from gguf.quants import dequantize
 
-        slot, plan = self._plan()
+        slot, plan = self.layout.operand.value, self.layout.plan
         experts, layout = self._layout(raw)
         expected = np.asarray(dequantize(np.array(experts), _gguf_type(self.type.type_id)))
         expected = expected.astype(np.float32)
@@ -224,7 +232,7 @@ class MinTermRelayoutPart(_LayoutPart):
         return self._bytes(layout)
 
     def converted_shape(self, stored: tuple[int, ...]) -> tuple[int, ...]:
-        slot, plan = self._plan()
+        slot, plan = self.layout.operand.value, self.layout.plan
         *lead, n, row_bytes = stored
         k = row_bytes // self.type.block_bytes * self.type.block_elements
         return operand_shapes(self.type.name, slot, plan, (*lead, n, k))[self.part]
