@@ -20,7 +20,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from onnxscript import OpBuilder
 
-from gguf_fixtures import q1_0_by_definition
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml import mxfp4, nvfp4
 from mobius_lite.formats.ggml.storage import CODECS, Dequantize, GGMLStorage
@@ -28,6 +27,7 @@ from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import DECODE, GGMLWeight
 from mobius_lite.formats.modelopt.nvfp4 import E2M1_VALUES
 from mobius_lite.formats.weight import gemm_transposed
+from reference_fixtures.gguf_fixtures import q1_0_by_definition
 
 from .emit_harness import run_emitter
 from .ggml_data import random_finite_f16_bits
