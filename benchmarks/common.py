@@ -188,7 +188,7 @@ def write_f32_gguf(path: Path, model: Any) -> Path:
     """`model` (a transformers NemotronH without dense MLP layers) as an F32 nemotron_h_moe
     GGUF in the converter's layout, with a small BPE vocabulary (llama.cpp refuses a file
     without one)."""
-    from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
 
     tokenizer = build_bpe_tokenizer(["the quick brown fox jumps over the lazy dog"] * 8)
     write_gguf(path, model, "nemotron_h_moe", tokenizer=tokenizer)

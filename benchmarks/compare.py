@@ -39,6 +39,8 @@ from mobius_lite.bench import BenchSettings, run_bench
 from mobius_lite.bench.report import table, to_json
 from mobius_lite.bench.workdir import claim_workdir, release_workdir
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the root: reference_fixtures
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(

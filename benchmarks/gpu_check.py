@@ -3,7 +3,7 @@ r"""The GPU check: every CUDA route this checkout builds, on one GPU, one verdic
 Routes (each line starts PASS, FAIL, SKIP or, in a dry run, BUILT):
 - parity, f16 and bf16, of each package kind built for --ep cuda (standard backend): the demo
   checkpoints (text, moe, puzzle, mtp, omni; gguf: the demo's Q8_0 file), ModelOpt NVFP4 and
-  FP8 checkpoints (benchmarks/fixtures/modelopt_fixtures.py), against the f32 package of the
+  FP8 checkpoints (reference_fixtures/modelopt_fixtures.py), against the f32 package of the
   same source on the CPU: prefill and 4 decode calls fed the reference's tokens, every logit
   within the release gates (NRMSE <= 0.03, cosine >= 0.999); an Omni package also its vision
   encoder's output;
@@ -56,6 +56,8 @@ from mobius_lite.evaluation.metrics import (
     compare,
 )
 from mobius_lite.layout import DECODER_FILE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the root: reference_fixtures
 
 CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 CPU = ["CPUExecutionProvider"]
@@ -176,7 +178,7 @@ def write_source(kind: str, path: Path) -> Path:
 
         return write_demo(kind, path.with_suffix(".gguf") if kind == "gguf" else path)
     if kind in MODELOPT_KINDS:
-        from fixtures.modelopt_fixtures import write_checkpoint
+        from reference_fixtures.modelopt_fixtures import write_checkpoint
 
         write_checkpoint(kind, path)
         return path
@@ -316,10 +318,9 @@ def window_slots(packages: dict[str, Path], providers: list[str]) -> list[dict[s
 
 def speculation(package: Path, providers: list[str]) -> list[dict[str, Any]]:
     """Check 2: speculative decoding on the kernel route against plain greedy decoding."""
-    from fixtures.speculative_fixtures import ScriptedHead, plain_greedy
-
     from mobius_lite.run.runtime import DecoderSession
     from mobius_lite.run.speculative import speculative_greedy
+    from reference_fixtures.speculative_fixtures import ScriptedHead, plain_greedy
 
     results = []
     for batch in (1, 2):

@@ -37,7 +37,7 @@ def _key(*parts: Any) -> str:
 def tiny_checkpoint(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[..., TinyCheckpoint]:
-    from nemotron_reference import make_reference
+    from reference_fixtures.nemotron_reference import make_reference
 
     built: dict[str, TinyCheckpoint] = {}
 

@@ -13,7 +13,7 @@ from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
     NemotronH_Omni_Reasoning_V3,
 )
 
-from omni_fixtures import TINY_TEXT, TINY_VISION
+from reference_fixtures.omni_fixtures import TINY_TEXT, TINY_VISION
 
 # Two encoder sizes; the first spells out the ParakeetEncoderConfig-style flags (attention
 # bias, input scaling), the second leaves them to the Omni config's defaults (both False).

@@ -15,7 +15,11 @@ from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import Comparison, compare
 from mobius_lite.run.runtime import DecoderSession
-from nemotron_reference import make_reference, pinned_torch, reference_cache_arrays
+from reference_fixtures.nemotron_reference import (
+    make_reference,
+    pinned_torch,
+    reference_cache_arrays,
+)
 
 
 @dataclass

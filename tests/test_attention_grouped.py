@@ -86,7 +86,7 @@ def test_the_ort_backend_f32_decoder_uses_the_grouped_form() -> None:
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.enums import Backend
     from mobius_lite.graphs.decoder import build_decoder
-    from nemotron_reference import TINY_BASE
+    from reference_fixtures.nemotron_reference import TINY_BASE
 
     config = NemotronHConfig(**{**TINY_BASE, "layers_block_type": ["mamba", "attention"]})
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from gguf_fixtures import build_bpe_tokenizer, write_gguf
-from nemotron_reference import make_reference
+from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_BASE = ("torch", "onnxruntime", "PIL")

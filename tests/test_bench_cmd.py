@@ -21,7 +21,7 @@ from PIL import Image
 from mobius_lite.cli.main import main
 from mobius_lite.layout import DECODER_FILE
 from mobius_lite.run.runtime import DecoderSession, greedy
-from nemotron_reference import pinned_torch
+from reference_fixtures.nemotron_reference import pinned_torch
 
 PROMPT, DECODE, ROUNDS = 6, 4, 2
 SMALL = ["--prompt-tokens", str(PROMPT), "--decode-tokens", str(DECODE)]

@@ -18,7 +18,7 @@ from mobius_lite.source_kinds import layout_of
 from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.tasks import text_generation_graphs
 from mobius_lite.tasks.options import ExportOptions
-from nemotron_reference import make_reference
+from reference_fixtures.nemotron_reference import make_reference
 
 PATTERN = ["linear_attention", "moe", "full_attention", "mlp"]
 

@@ -254,7 +254,7 @@ def test_modelopt_ort_route_is_refused_for_cpu(
 ) -> None:
     """Before: `--backend ort --dtype f16` on a ModelOpt checkpoint built (exit 0) a package for
     the default --ep cpu, whose kernels exist only on CUDA; qualify and generate then failed."""
-    import modelopt_fixtures as mf
+    from reference_fixtures import modelopt_fixtures as mf
 
     checkpoint = tmp_path / variant
     mf.write_checkpoint(variant, checkpoint)
@@ -373,8 +373,8 @@ def test_gguf_tokenizer_holds_only_the_files_tokens(tmp_path, capsys) -> None:
     import gguf
     from tokenizers import Tokenizer
 
-    from gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from nemotron_reference import make_reference
+    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from reference_fixtures.nemotron_reference import make_reference
 
     corpus = ["the quick brown fox jumps over the lazy dog", "state space models"] * 4
     source = build_bpe_tokenizer(corpus, vocab_size=300)
@@ -402,8 +402,8 @@ def test_a_declared_but_absent_mtp_head_is_said(tmp_path, capsys) -> None:
     reference: the head's fusion weight is absent; with it added, no warning and mtp.onnx."""
     import mobius_lite
     from mobius_lite.build import BuildWarning
-    from mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
-    from nemotron_reference import make_reference
+    from reference_fixtures.mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
+    from reference_fixtures.nemotron_reference import make_reference
 
     bare = tmp_path / "bare"
     model = make_reference({"layers_block_type": HEAD_PATTERN, "num_nextn_predict_layers": 1})

@@ -20,7 +20,7 @@ from mobius_lite.cli.main import main, make_parser
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.run.runtime import DecoderSession
-from nemotron_reference import pinned_torch
+from reference_fixtures.nemotron_reference import pinned_torch
 
 LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])
 
@@ -232,7 +232,11 @@ def test_cli_subprocess_error_has_no_traceback(reference, tmp_path):
 def test_build_warns_when_onnxruntime_genai_cannot_run_the_package(tmp_path, capsys):
     """A Puzzle package whose Mamba layers differ in state shape is exported (it runs in
     onnxruntime) with a warning naming what onnxruntime-genai 0.18 cannot hold."""
-    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+    from reference_fixtures.puzzle_fixtures import (
+        HETEROGENEOUS_BLOCKS,
+        puzzle_raw_config,
+        write_puzzle_checkpoint,
+    )
 
     checkpoint, _ = write_puzzle_checkpoint(
         puzzle_raw_config(HETEROGENEOUS_BLOCKS), tmp_path / "checkpoint"

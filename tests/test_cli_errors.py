@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from mobius_lite.cli.main import main
 from mobius_lite.errors import MobiusError
 from mobius_lite.media.audio_file import load_wav
-from nemotron_reference import make_reference
+from reference_fixtures.nemotron_reference import make_reference
 
 LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])
 VOCAB = 97  # nemotron_reference.TINY_BASE

@@ -17,7 +17,7 @@ from mobius_lite.enums import LayerKind, StateRole
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.cache import cache_tensors
 from mobius_lite.graphs.decoder import build_decoder
-from nemotron_reference import TINY_BASE
+from reference_fixtures.nemotron_reference import TINY_BASE
 
 SMALL = TINY_BASE
 

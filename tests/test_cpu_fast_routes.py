@@ -26,7 +26,6 @@ from gguf.quants import dequantize, quantize
 
 from formats.emit_harness import run_emitter
 from formats.q4_k_blocks import q4_k_quantize
-from gguf_fixtures import random_blocks, write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
 from mobius_lite.configs.layers import MoESpec
@@ -44,7 +43,8 @@ from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import CodeLayout, Operand
 from mobius_lite.run.runtime import DecoderSession
-from nemotron_reference import make_reference
+from reference_fixtures.gguf_fixtures import random_blocks, write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 QTYPE = GGMLQuantizationType
 FC1, FC2 = Operand.FC1.value, Operand.FC2.value  # the fused-experts slot kinds

@@ -73,7 +73,7 @@ def test_text_kinds_are_transformers_checkpoints(kind: str, tmp_path: Path) -> N
 
 
 def test_mtp_kind_head_matches_the_reference(tmp_path: Path) -> None:
-    from mtp_fixtures import drive_head_parity, head_reference
+    from reference_fixtures.mtp_fixtures import drive_head_parity, head_reference
 
     checkpoint = write_demo("mtp", tmp_path / "mtp")
     package = _build(checkpoint, tmp_path / "pkg")

@@ -19,7 +19,7 @@ from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, PASS
 from mobius_lite.run.mtp_head import open_head
 from mobius_lite.run.runtime import DecoderSession, greedy
 from mobius_lite.run.speculative import speculative_greedy
-from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+from reference_fixtures.mtp_fixtures import write_nemotron_h_mtp_checkpoint
 
 NEW_TOKENS = 40
 
@@ -36,9 +36,14 @@ def accuracy_levels(path: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from gguf_fixtures import write_gguf
-    from mtp_fixtures import HEAD_PATTERN, global_head_shape, head_tensors, nextn_tensors
-    from nemotron_reference import make_reference
+    from reference_fixtures.gguf_fixtures import write_gguf
+    from reference_fixtures.mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_tensors,
+        nextn_tensors,
+    )
+    from reference_fixtures.nemotron_reference import make_reference
 
     root = tmp_path_factory.mktemp("fast_head")
     model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)

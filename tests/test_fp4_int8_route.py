@@ -24,10 +24,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize, quantize
 
-import modelopt_fixtures as mf
 from formats.emit_harness import run_emitter
-from gguf_fixtures import converter_tensors, random_blocks, write_gguf
-from gguf_nvfp4_fixtures import quantized_nvfp4, write_modelopt_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import compare, int8_activation_gate
@@ -37,7 +34,10 @@ from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import CodeLayout, Operand
 from mobius_lite.formats.weight import OUTPUT_SCALE, OutputScaled
-from nemotron_reference import make_reference
+from reference_fixtures import modelopt_fixtures as mf
+from reference_fixtures.gguf_fixtures import converter_tensors, random_blocks, write_gguf
+from reference_fixtures.gguf_nvfp4_fixtures import quantized_nvfp4, write_modelopt_gguf
+from reference_fixtures.nemotron_reference import make_reference
 from test_cpu_fast_routes import (
     CONTRIB,
     F32,

@@ -19,8 +19,8 @@ from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
 import mobius_lite
 from mobius_lite.cli.main import main
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
-from omni_fixtures import omni_config
+from reference_fixtures.nemotron_reference import make_reference
+from reference_fixtures.omni_fixtures import omni_config
 
 PATTERN = ["moe", "mamba", "attention", "mlp"]
 

@@ -20,7 +20,7 @@ import mobius_lite
 from mobius_lite.configs.loader import load_text_config
 from mobius_lite.enums import LayerKind
 from mobius_lite.genai_config import genai_limitations
-from nemotron_reference import make_reference, pinned_torch
+from reference_fixtures.nemotron_reference import make_reference, pinned_torch
 
 # end-to-end: builds packages and runs them against their reference (`-m "not slow"`
 # leaves them out of a quick run)
@@ -167,7 +167,11 @@ def _genai_error(package: Path) -> str:
 def _puzzle_package(root: Path, uniform_mamba: bool):
     """The heterogeneous Puzzle fixture (per-layer attention heads, MoE shapes, Mamba heads);
     with uniform_mamba its Mamba layers are given the global Mamba sizes."""
-    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+    from reference_fixtures.puzzle_fixtures import (
+        HETEROGENEOUS_BLOCKS,
+        puzzle_raw_config,
+        write_puzzle_checkpoint,
+    )
 
     blocks = [
         {"block_type": "mamba"} if uniform_mamba and b["block_type"] == "mamba" else dict(b)
@@ -210,7 +214,7 @@ CPU_FLOAT32_LOGITS_REFUSAL = "Cast - input and output types are the same"
 
 @pytest.fixture(scope="module")
 def head_package(tmp_path_factory: pytest.TempPathFactory):
-    from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_nemotron_h_mtp_checkpoint
 
     root = tmp_path_factory.mktemp("genai_mtp")
     checkpoint, model, _ = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
@@ -305,7 +309,7 @@ def test_mtp_generator_drafts_the_lightning_depth_by_default(tmp_path: Path) -> 
     """A Nemotron 3.5 Lightning-style package (depth 2 over one depth of weights): its
     genai_config makes MtpGenerator chain 2 drafts a round through mtp.onnx; tokens are
     transformers' greedy ones (float16 logits, as above)."""
-    from mtp_fixtures import write_lightning_checkpoint
+    from reference_fixtures.mtp_fixtures import write_lightning_checkpoint
 
     checkpoint, model, _ = write_lightning_checkpoint(tmp_path / "checkpoint", "model.")
     package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)

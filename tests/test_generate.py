@@ -25,8 +25,8 @@ from transformers import ParakeetFeatureExtractor
 from mobius_lite.cli.main import main
 from mobius_lite.media.image import ImageProcessorConfig, patch_grid, preprocess, resize
 from mobius_lite.media.prompt import expand
-from nemotron_reference import pinned_torch
-from omni_fixtures import pack_images
+from reference_fixtures.nemotron_reference import pinned_torch
+from reference_fixtures.omni_fixtures import pack_images
 from test_omni_package import AUDIO_TOKEN, IMAGE_TOKEN, make_omni
 
 PROCESSOR = dict(

@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from mobius_lite.cli.main import main
-from nemotron_reference import make_reference
+from reference_fixtures.nemotron_reference import make_reference
 from test_runtime_dtypes import LAYERS, WORDS, build, transformers_greedy, word_tokenizer
 
 STEPS = 8

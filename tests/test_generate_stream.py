@@ -29,7 +29,7 @@ from mobius_lite.cli.main import main
 from mobius_lite.cli.token_stream import TokenPrinter
 from mobius_lite.errors import ConfigError
 from mobius_lite.run.runtime import DecoderSession, greedy, greedy_tokens
-from nemotron_reference import make_reference
+from reference_fixtures.nemotron_reference import make_reference
 from test_cli_errors import assert_one_line, run_cli, word_tokenizer
 from test_runtime_dtypes import transformers_greedy
 

@@ -17,10 +17,10 @@ import gguf
 import numpy as np
 import pytest
 
-import gguf_fixtures
-from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
-from nemotron_reference import make_reference
+from reference_fixtures import gguf_fixtures
+from reference_fixtures.gguf_fixtures import write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 HYBRID_WIDE = {
     "layers_block_type": ["mamba", "attention", "mlp", "mamba"],

@@ -26,14 +26,6 @@ from transformers import NemotronHForCausalLM
 
 import mobius_lite
 from formats.emit_harness import run_emitter
-from gguf_fixtures import (
-    PRESET_MIXED,
-    _permute_rows,
-    build_bpe_tokenizer,
-    dequantized_state_dict,
-    random_blocks,
-    write_gguf,
-)
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
@@ -48,8 +40,16 @@ from mobius_lite.formats.ggml.weight import (
     MATMUL_PACKED,
 )
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
 from parity import drive_parity
+from reference_fixtures.gguf_fixtures import (
+    PRESET_MIXED,
+    _permute_rows,
+    build_bpe_tokenizer,
+    dequantized_state_dict,
+    random_blocks,
+    write_gguf,
+)
+from reference_fixtures.nemotron_reference import make_reference
 
 # end-to-end: builds packages and runs them against their reference (`-m "not slow"`
 # leaves them out of a quick run)
@@ -523,7 +523,7 @@ def test_f16_activations_stay_within_the_release_gates(
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
     from mobius_lite.run.runtime import DecoderSession
-    from nemotron_reference import pinned_torch
+    from reference_fixtures.nemotron_reference import pinned_torch
 
     entry = written[key]
     package = _export(entry["files"], tmp_path / "f16", "--dtype", "f16")

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from transformers import NemotronHForCausalLM
 
-from gguf_fixtures import dequantized_state_dict
-from gguf_nvfp4_fixtures import MIXED_NVFP4, write_mixed_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
 from parity import drive_parity
+from reference_fixtures.gguf_fixtures import dequantized_state_dict
+from reference_fixtures.gguf_nvfp4_fixtures import MIXED_NVFP4, write_mixed_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 MIXED_MODEL = {
     "layers_block_type": ["mamba", "moe", "attention", "moe"],
@@ -142,7 +142,7 @@ def test_f16_package_stays_within_the_release_gates(
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
     from mobius_lite.run.runtime import DecoderSession
-    from nemotron_reference import pinned_torch
+    from reference_fixtures.nemotron_reference import pinned_torch
 
     package = tmp_path / "f16"
     args = ["build", "--model", str(mixed["file"]), "--output", str(package), "-q"]

@@ -1,5 +1,5 @@
 """A GGUF written as llama.cpp's converter writes it from a ModelOpt NVFP4 (and a
-MIXED_PRECISION) checkpoint (tests/gguf_nvfp4_fixtures.py) exports to a package whose numbers
+MIXED_PRECISION) checkpoint (reference_fixtures/gguf_nvfp4_fixtures.py) exports to a package whose numbers
 match the package built from the ModelOpt checkpoint directly: every logits / K / V / conv /
 SSM array at prefill and 5 cached steps within the FP32 gates, the same greedy tokens. The
 repack itself is checked against ModelOpt's own dequantization, value for value."""
@@ -13,12 +13,12 @@ import gguf
 import numpy as np
 import pytest
 
-import modelopt_fixtures as mf
-from gguf_nvfp4_fixtures import write_modelopt_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, Comparison, compare
 from mobius_lite.run.runtime import DecoderSession
+from reference_fixtures import modelopt_fixtures as mf
+from reference_fixtures.gguf_nvfp4_fixtures import write_modelopt_gguf
 
 # Every linear's input width a whole number of NVFP4 superblocks (64): hidden, d_inner,
 # heads x head_dim, expert and shared widths.

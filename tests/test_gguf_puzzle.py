@@ -14,7 +14,6 @@ from typing import Any
 import gguf
 import pytest
 
-from gguf_fixtures import PUZZLE_GGUF_BLOCKS, PUZZLE_GGUF_GLOBALS, write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.configs.loader import load_config_file, load_text_config
@@ -24,7 +23,8 @@ from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.evaluation.puzzle_reference import puzzle_reference_model
 from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from parity import drive_parity
-from puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
+from reference_fixtures.gguf_fixtures import PUZZLE_GGUF_BLOCKS, PUZZLE_GGUF_GLOBALS, write_gguf
+from reference_fixtures.puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 the package read before NVFP4 (Q8_0, Q4_0, F16): the scale semantics do not depend on the
 weight's type. Each scale is an F32 [1] (or [E] for stacked experts) tensor; llama.cpp
 multiplies the weight's matmul output by it. The reference is transformers holding gguf-py's
-dequantized weights times their scales (tests/gguf_fixtures.apply_sidecars), under the
+dequantized weights times their scales (reference_fixtures/gguf_fixtures.apply_sidecars), under the
 foundation gates on both backends and with --dequantize."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import onnx
 import pytest
 from transformers import NemotronHForCausalLM
 
-from gguf_fixtures import dequantized_state_dict, write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
 from parity import drive_parity
+from reference_fixtures.gguf_fixtures import dequantized_state_dict, write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 # Every weight kind llama.cpp scales (plus the latent projections, applied with the
 # converter's meaning), in a MoE and a dense-MLP model.
@@ -186,7 +186,7 @@ def test_f16_graph_computes_scaled_products_in_float32(tmp_path: Path) -> None:
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
     from mobius_lite.run.runtime import DecoderSession
-    from nemotron_reference import pinned_torch
+    from reference_fixtures.nemotron_reference import pinned_torch
 
     overrides, arch = CASES["hybrid"]
     model = make_reference(overrides)

@@ -16,14 +16,6 @@ from tokenizers import Tokenizer
 from transformers import NemotronHConfig as HFNemotronHConfig
 from transformers import NemotronHForCausalLM, PreTrainedTokenizerFast
 
-from gguf_fixtures import (
-    PRESET_GGUF_PY,
-    PRESET_MIXED,
-    build_bpe_tokenizer,
-    dequantized_arrays,
-    dequantized_state_dict,
-    write_gguf,
-)
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.configs.gguf_metadata import config_from_checkpoint, config_from_gguf
 from mobius_lite.enums import LayerKind
@@ -35,7 +27,15 @@ from mobius_lite.models.nemotron_h_gguf import (
 )
 from mobius_lite.sources.gguf_file import GGUFCheckpoint
 from mobius_lite.sources.gguf_tokenizer import gguf_tokenizer_files
-from nemotron_reference import make_reference, pinned_torch
+from reference_fixtures.gguf_fixtures import (
+    PRESET_GGUF_PY,
+    PRESET_MIXED,
+    build_bpe_tokenizer,
+    dequantized_arrays,
+    dequantized_state_dict,
+    write_gguf,
+)
+from reference_fixtures.nemotron_reference import make_reference, pinned_torch
 
 HYBRID = {"layers_block_type": ["mamba", "attention", "mlp", "mamba", "attention", "mlp"]}
 # hidden 256 so that K / IQ super-blocks fit the input rows; the rest falls back like llama.cpp

@@ -18,7 +18,7 @@ from mobius_lite.configs.loader import load_config_file
 from mobius_lite.evaluation.instrument import external_data_session_options, instrument
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.graphs.cache import BATCH, PAST, cache_tensors
-from nemotron_reference import make_reference, pinned_torch
+from reference_fixtures.nemotron_reference import make_reference, pinned_torch
 
 PATTERN = ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 3, 77]

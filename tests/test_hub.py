@@ -25,7 +25,7 @@ import mobius_lite
 from mobius_lite.errors import ConfigError, RouteError
 from mobius_lite.hub_pins import COMMIT_SHA, KNOWN_MODELS, KnownModel, lookup, resolve_revision
 from mobius_lite.sources import hub
-from nemotron_reference import make_reference
+from reference_fixtures.nemotron_reference import make_reference
 
 LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])
 PINNED_ID = "nvidia/NVIDIA-Nemotron-Nano-9B-v2"

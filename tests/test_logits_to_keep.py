@@ -9,8 +9,8 @@ import torch
 
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.run.runtime import DecoderSession
-from nemotron_reference import pinned_torch
 from parity import export_reference
+from reference_fixtures.nemotron_reference import pinned_torch
 
 PROMPT = 9
 

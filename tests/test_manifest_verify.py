@@ -225,7 +225,7 @@ def test_summary_fits_one_screen(checkpoint: Path, tmp_path: Path, capsys) -> No
 def test_in_memory_source_is_hashed_and_verified(tmp_path: Path) -> None:
     """build_from_module: the model's tensors under their saved names are the source; the
     manifest hashes their arrays and save(verify=True) re-reads them."""
-    from nemotron_reference import make_reference
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference(dict(layers_block_type=["moe", "mamba"]))
     package = mobius_lite.build_from_module(model, dtype="f16")

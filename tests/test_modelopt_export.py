@@ -1,8 +1,9 @@
 """ModelOpt NVFP4 / FP8 / MIXED_PRECISION checkpoints exported packed with `mobius build`.
 
-Each case is a tiny Nemotron-H MoE model quantized by the fixtures (tests/modelopt_fixtures.py)
-and written as ModelOpt lays it out, with its quantization config in config.json only, in
-hf_quant_config.json only, or in both, in one or several shards. The reference is transformers
+Each case is a tiny Nemotron-H MoE model quantized by the fixtures
+(reference_fixtures/modelopt_fixtures.py) and written as ModelOpt lays it out, with its
+quantization config in config.json only, in hf_quant_config.json only, or in both, in one or
+several shards. The reference is transformers
 holding the weights dequantized independently (ml_dtypes' float4 / float8 conversions), since
 transformers 5.24 cannot load ModelOpt checkpoints. Gates (fixed): every array at prefill and
 5 cached steps within NRMSE <= 1e-4 and cosine >= 0.99999, equal greedy tokens, f32.
@@ -22,12 +23,12 @@ import onnxruntime as ort
 import pytest
 
 import mobius_lite
-import modelopt_fixtures as mf
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.sources.safetensors_files import SafetensorsCheckpoint
 from parity import drive_parity
+from reference_fixtures import modelopt_fixtures as mf
 
 # end-to-end: builds packages and runs them against their reference (`-m "not slow"`
 # leaves them out of a quick run)

@@ -20,13 +20,13 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-import modelopt_fixtures as mf
 from formats.emit_harness import run_emitter
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare, int8_activation_gate
 from mobius_lite.formats.modelopt import nvfp4_nbits
 from mobius_lite.formats.modelopt.weight import NVFP4QMoEExperts, NVFP4Weight
+from reference_fixtures import modelopt_fixtures as mf
 from test_cpu_fast_routes import (
     CONTRIB,
     SPEC,

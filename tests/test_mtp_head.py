@@ -1,6 +1,6 @@
 """The multi-token-prediction head (mtp.onnx) and the decoder's `hidden_states` output, for each
 source kind: parity at prefill + 5 cached steps against transformers (decoder hidden) and the
-independent head reference (tests/mtp_reference.py), under the FP32 gates."""
+independent head reference (reference_fixtures/mtp_reference.py), under the FP32 gates."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mobius_lite.errors import CheckpointError, ConfigError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, RELEASE_COSINE, RELEASE_NRMSE
 from mobius_lite.graphs.cache import mtp_cache_tensors
 from mobius_lite.weights.verify import verify_package
-from mtp_fixtures import (
+from reference_fixtures.mtp_fixtures import (
     PUZZLE_MTP_BLOCKS,
     drive_head_parity,
     head_reference,
@@ -26,7 +26,7 @@ from mtp_fixtures import (
     write_nemotron_h_mtp_checkpoint,
     write_puzzle_mtp_checkpoint,
 )
-from mtp_reference import MTPHeadReference
+from reference_fixtures.mtp_reference import MTPHeadReference
 
 SHARED = ["backbone.embeddings.weight", "lm_head.weight"]
 
@@ -134,16 +134,20 @@ def test_gguf_q8_0_head_parity(tmp_path: Path, backend: str) -> None:
     import torch
     from transformers import NemotronHForCausalLM
 
-    from gguf_fixtures import dequantized_arrays, dequantized_state_dict, write_gguf
     from mobius_lite.configs.gguf_metadata import config_from_gguf
-    from mtp_fixtures import (
+    from reference_fixtures.gguf_fixtures import (
+        dequantized_arrays,
+        dequantized_state_dict,
+        write_gguf,
+    )
+    from reference_fixtures.mtp_fixtures import (
         HEAD_PATTERN,
         global_head_shape,
         head_from_gguf,
         head_tensors,
         nextn_tensors,
     )
-    from nemotron_reference import make_reference
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
@@ -191,7 +195,7 @@ def test_gguf_q8_0_head_parity(tmp_path: Path, backend: str) -> None:
 def test_omni_head_parity(tmp_path: Path) -> None:
     """Omni: language_model.mtp.* becomes mtp.onnx beside the Omni graphs; the decoder (fed
     inputs_embeds) gains hidden_states; the head shares the text table and lm_head."""
-    from mtp_fixtures import omni_embedder, write_omni_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import omni_embedder, write_omni_mtp_checkpoint
 
     checkpoint, model, head = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
     package = mobius_lite.build(checkpoint)
@@ -259,7 +263,7 @@ def test_bad_head_configs_are_one_clear_error(fields: dict, message: str) -> Non
 
 
 def test_puzzle_head_moe_needs_its_sizes() -> None:
-    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config
+    from reference_fixtures.puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config
 
     raw = puzzle_raw_config(
         HETEROGENEOUS_BLOCKS,
@@ -292,8 +296,8 @@ def test_modelopt_nvfp4_head_parity(tmp_path: Path) -> None:
     and match the head reference on the independently dequantized weights."""
     import numpy as np
 
-    import modelopt_fixtures as mf
-    from mtp_fixtures import HeadShape, head_tensors
+    from reference_fixtures import modelopt_fixtures as mf
+    from reference_fixtures.mtp_fixtures import HeadShape, head_tensors
 
     shape = HeadShape(
         hidden=32, heads=4, kv_heads=2, head_dim=8, experts=8, inner=16, shared_inner=32
@@ -332,9 +336,9 @@ def test_modelopt_nvfp4_head_parity(tmp_path: Path) -> None:
 def test_gguf_head_metadata(tmp_path: Path) -> None:
     """The nextn block is cut from the decoder's layers; config.json may say the same in
     transformers' spelling; a head block with other head counts is one clear error."""
-    from gguf_fixtures import dequantized_arrays
     from mobius_lite.configs.gguf_metadata import config_from_gguf
-    from mtp_fixtures import HEAD_PATTERN
+    from reference_fixtures.gguf_fixtures import dequantized_arrays
+    from reference_fixtures.mtp_fixtures import HEAD_PATTERN
 
     path = _gguf_with_head(tmp_path)
     _, metadata = dequantized_arrays(path)
@@ -353,9 +357,14 @@ def test_gguf_head_metadata(tmp_path: Path) -> None:
 def _gguf_with_head(tmp_path: Path) -> Path:
     import numpy as np
 
-    from gguf_fixtures import write_gguf
-    from mtp_fixtures import HEAD_PATTERN, global_head_shape, head_tensors, nextn_tensors
-    from nemotron_reference import make_reference
+    from reference_fixtures.gguf_fixtures import write_gguf
+    from reference_fixtures.mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_tensors,
+        nextn_tensors,
+    )
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))
@@ -394,7 +403,7 @@ def test_lightning_head_repeats_one_depth(tmp_path: Path, head_prefix: str) -> N
     num_nextn_predict_layers 2 over one depth of weights (mtp.layers.0-1, or under
     model.mtp.): mtp.onnx is that depth; its steps and its second, chained draft (the same
     weights over the first draft and the head's own hidden state) match the reference."""
-    from mtp_fixtures import drive_chained_drafts, write_lightning_checkpoint
+    from reference_fixtures.mtp_fixtures import drive_chained_drafts, write_lightning_checkpoint
 
     checkpoint, model, head = write_lightning_checkpoint(tmp_path / "checkpoint", head_prefix)
     package = mobius_lite.build(checkpoint)
@@ -419,7 +428,7 @@ def test_lightning_speculation_keeps_the_greedy_tokens(tmp_path: Path) -> None:
     from mobius_lite.run.mtp_head import open_head
     from mobius_lite.run.runtime import DecoderSession, greedy
     from mobius_lite.run.speculative import speculative_greedy
-    from mtp_fixtures import write_lightning_checkpoint
+    from reference_fixtures.mtp_fixtures import write_lightning_checkpoint
 
     checkpoint, _, _ = write_lightning_checkpoint(tmp_path / "checkpoint")
     out = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
@@ -439,7 +448,7 @@ def _head_with_blocks(source: Path, destination: Path, config_edit, extra_depths
 
     from safetensors.numpy import load_file, save_file
 
-    from mtp_fixtures import edit_config
+    from reference_fixtures.mtp_fixtures import edit_config
 
     destination.mkdir()
     for f in source.iterdir():
@@ -520,7 +529,7 @@ def test_super_latent_head_parity(tmp_path: Path) -> None:
     """Nemotron 3 Super / Ultra: the head's MoE block is a latent MoE (fc1 / fc2 latent
     projections around experts of the latent width), released `backbone.` names; steps and a
     chained second draft match the head reference (transformers' NemotronHMoE with latent)."""
-    from mtp_fixtures import drive_chained_drafts, write_super_checkpoint
+    from reference_fixtures.mtp_fixtures import drive_chained_drafts, write_super_checkpoint
 
     checkpoint, model, head = write_super_checkpoint(tmp_path / "checkpoint")
     assert "mtp.layers.1.mixer.fc1_latent_proj.weight" in head
@@ -544,15 +553,15 @@ def test_gguf_latent_head_parity(tmp_path: Path) -> None:
     import torch
     from transformers import NemotronHForCausalLM
 
-    from gguf_fixtures import dequantized_state_dict, write_gguf
-    from mtp_fixtures import (
+    from reference_fixtures.gguf_fixtures import dequantized_state_dict, write_gguf
+    from reference_fixtures.mtp_fixtures import (
         HEAD_PATTERN,
         global_head_shape,
         head_from_gguf,
         head_tensors,
         nextn_tensors,
     )
-    from nemotron_reference import make_reference
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference({"layers_block_type": HEAD_PATTERN, "moe_latent_size": 16}, seed=5)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(8))

@@ -30,7 +30,7 @@ from omni_audio_fixtures import (
     padded_batch,
     waveforms,
 )
-from omni_fixtures import bind, session
+from reference_fixtures.omni_fixtures import bind, session
 
 RATE = 16000
 

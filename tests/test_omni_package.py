@@ -29,9 +29,14 @@ from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.run.omni_session import Media, OmniSession, PlaceholderError
 from mobius_lite.weights.binding import graph_parameters
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import TINY_BASE, pinned_torch, randomize, reference_cache_arrays
 from omni_audio_fixtures import SMALL_AUDIO, WIDER_AUDIO
-from omni_fixtures import TINY_VISION, pack_images, pack_video
+from reference_fixtures.nemotron_reference import (
+    TINY_BASE,
+    pinned_torch,
+    randomize,
+    reference_cache_arrays,
+)
+from reference_fixtures.omni_fixtures import TINY_VISION, pack_images, pack_video
 
 # end-to-end: builds packages and runs them against their reference (`-m "not slow"`
 # leaves them out of a quick run)
@@ -287,7 +292,7 @@ def test_puzzle_text_config_builds_the_puzzle_decoder(tmp_path: Path) -> None:
     """A Puzzle text config inside an Omni config gives a decoder with per-layer topology."""
     from mobius_lite.configs.omni import OmniConfig
     from mobius_lite.configs.puzzle import NemotronHPuzzleConfig
-    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config
+    from reference_fixtures.puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config
 
     text = puzzle_raw_config(HETEROGENEOUS_BLOCKS)
     text.pop("model_type")

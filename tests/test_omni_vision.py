@@ -23,7 +23,7 @@ from mobius_lite.components.radio import interpolate_position_embedding
 from mobius_lite.configs.omni_vision import OmniVisionConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.graphs.omni import build_video_graph, build_vision_graph
-from omni_fixtures import (
+from reference_fixtures.omni_fixtures import (
     TEMPORAL,
     make_omni,
     omni_config,
@@ -32,7 +32,7 @@ from omni_fixtures import (
     session,
     vision_state,
 )
-from omni_fixtures import bind as bind_state
+from reference_fixtures.omni_fixtures import bind as bind_state
 
 RATE = 0.4
 

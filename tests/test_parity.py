@@ -202,7 +202,7 @@ def test_tied_flag_with_own_lm_head_binds_it(tmp_path: Path) -> None:
     import json
 
     import mobius_lite
-    from nemotron_reference import make_reference
+    from reference_fixtures.nemotron_reference import make_reference
 
     overrides = CASES["tied_flag_own_lm_head"]["overrides"]
     model = make_reference(overrides, 0)

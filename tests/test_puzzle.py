@@ -25,7 +25,7 @@ from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.sources import SafetensorsCheckpoint
 from mobius_lite.weights.binding import graph_parameters
 from parity import ParityRun, drive_parity
-from puzzle_fixtures import (
+from reference_fixtures.puzzle_fixtures import (
     HETEROGENEOUS_BLOCKS,
     TINY_PUZZLE_GLOBALS,
     puzzle_raw_config,

@@ -19,7 +19,6 @@ import onnx
 import pytest
 
 from formats.emit_harness import run_emitter
-from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.components.moe_fused import quantized_fused_experts
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare, int8_activation_gate
@@ -34,7 +33,8 @@ from mobius_lite.formats.ggml.relayout.qmoe_min_term import (
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import Operand, PartParameter
-from nemotron_reference import make_reference
+from reference_fixtures.gguf_fixtures import write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 from test_cpu_fast_routes import (
     CONTRIB,
     F32,

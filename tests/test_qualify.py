@@ -19,7 +19,7 @@ from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.qualify import qualify, rescore
 from mobius_lite.evaluation.qualify_report import ARRAYS_FILE, VERDICTS
 from mobius_lite.evaluation.scoring import GATE_COSINE, GATE_NRMSE
-from nemotron_reference import make_reference, pinned_torch
+from reference_fixtures.nemotron_reference import make_reference, pinned_torch
 
 PATTERN = ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe"]
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 3, 77, 21, 9]
@@ -238,7 +238,11 @@ def test_bad_requests_fail_before_any_run(exported, tmp_path: Path) -> None:
 
 def test_puzzle_package_qualifies_against_the_puzzle_reference(tmp_path: Path) -> None:
     """model_type nemotron_h_puzzle dispatches to the Puzzle reference (per-layer mixers)."""
-    from puzzle_fixtures import HETEROGENEOUS_BLOCKS, puzzle_raw_config, write_puzzle_checkpoint
+    from reference_fixtures.puzzle_fixtures import (
+        HETEROGENEOUS_BLOCKS,
+        puzzle_raw_config,
+        write_puzzle_checkpoint,
+    )
 
     checkpoint, _ = write_puzzle_checkpoint(
         puzzle_raw_config(HETEROGENEOUS_BLOCKS), tmp_path / "checkpoint"

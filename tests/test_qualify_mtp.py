@@ -14,7 +14,7 @@ import mobius_lite
 from mobius_lite.evaluation.qualify import qualify, rescore
 from mobius_lite.evaluation.qualify_report import format_table
 from mobius_lite.evaluation.scoring import FAIL, PASS
-from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+from reference_fixtures.mtp_fixtures import write_nemotron_h_mtp_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_head_verdict_fails_when_the_head_is_not_the_sources(built, tmp_path) ->
 def test_omni_head_verdict(tmp_path) -> None:
     """An Omni package's head: fed the pruned prompt's ids and the decoder's hidden states,
     its speculative decoding fed embeddings; re-scored offline alike."""
-    from mtp_fixtures import write_omni_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_omni_mtp_checkpoint
 
     checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
     package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
@@ -79,7 +79,7 @@ def test_omni_head_verdict(tmp_path) -> None:
 def test_puzzle_head_verdict(tmp_path) -> None:
     """A Puzzle head has its own attention and MoE sizes (mtp_block_configs) and its tensors in
     mtp.safetensors: the reference reads both."""
-    from mtp_fixtures import write_puzzle_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_puzzle_mtp_checkpoint
 
     checkpoint, _, _, _ = write_puzzle_mtp_checkpoint(tmp_path / "checkpoint")
     package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
@@ -94,7 +94,7 @@ def test_head_verdict_on_the_newest_layouts(layout: str, tmp_path) -> None:
     """Nemotron 3.5 Lightning (depth 2 over one depth of weights, here under model.mtp.) and
     Nemotron 3 Super / Ultra (latent MoE, backbone. names): qualify's head reference reads the
     head where the checkpoint keeps it and the verdict passes."""
-    from mtp_fixtures import write_lightning_checkpoint, write_super_checkpoint
+    from reference_fixtures.mtp_fixtures import write_lightning_checkpoint, write_super_checkpoint
 
     if layout == "lightning":
         checkpoint, _, _ = write_lightning_checkpoint(tmp_path / "checkpoint", "model.")
@@ -112,9 +112,14 @@ def test_head_verdict_on_the_newest_layouts(layout: str, tmp_path) -> None:
 def _gguf_with_head(path, head_seed: int):
     import numpy as np
 
-    from gguf_fixtures import write_gguf
-    from mtp_fixtures import HEAD_PATTERN, global_head_shape, head_tensors, nextn_tensors
-    from nemotron_reference import make_reference
+    from reference_fixtures.gguf_fixtures import write_gguf
+    from reference_fixtures.mtp_fixtures import (
+        HEAD_PATTERN,
+        global_head_shape,
+        head_tensors,
+        nextn_tensors,
+    )
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(head_seed))

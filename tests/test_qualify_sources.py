@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import modelopt_fixtures as mf
-from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.errors import ConfigError
 from mobius_lite.evaluation.qualify import qualify
 from mobius_lite.evaluation.qualify_report import VERDICTS
 from mobius_lite.evaluation.validity import source_fidelity
-from nemotron_reference import make_reference
+from reference_fixtures import modelopt_fixtures as mf
+from reference_fixtures.gguf_fixtures import write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 GGUF_PATTERN = ["mamba", "moe", "attention", "moe"]
 PROMPT = [5, 17, 33, 8, 61, 12, 40, 3, 77]

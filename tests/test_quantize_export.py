@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from gguf_fixtures import write_gguf
 from mobius_lite.cli.main import main
 from mobius_lite.formats.quantize.ggml_rows import QUANTIZERS
 from mobius_lite.run.runtime import DecoderSession
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
+from reference_fixtures.gguf_fixtures import write_gguf
+from reference_fixtures.nemotron_reference import make_reference
 
 # every row holds whole 32-element blocks (hidden 64, expert and shared width 32, Mamba
 # d_inner 64, attention 4 x 16)
@@ -311,7 +311,7 @@ PUZZLE_GLOBALS = {"moe_latent_size": 32, "moe_shared_expert_intermediate_size": 
 
 @pytest.mark.slow
 def test_a_puzzle_package_equals_the_one_from_its_pure_gguf(tmp_path: Path) -> None:
-    from puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
+    from reference_fixtures.puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
 
     raw = puzzle_raw_config(PUZZLE_BLOCKS, chunk_size=128, **PUZZLE_GLOBALS)
     checkpoint, model = write_puzzle_checkpoint(raw, tmp_path / "checkpoint")
@@ -352,7 +352,7 @@ def test_omni_quantizes_its_language_model_and_head_only(tmp_path: Path) -> None
     the build's dtype; every graph creates a session and verify re-derives the bytes."""
     import onnxruntime as ort
 
-    from mtp_fixtures import write_omni_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_omni_mtp_checkpoint
 
     checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
     out = tmp_path / "pkg"
@@ -399,7 +399,7 @@ def test_quantize_options_are_checked_before_anything_is_read(
 def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
     """Omni's reference (language model and MTP head) reads the dequantized weights."""
     from mobius_lite.evaluation.qualify import qualify
-    from mtp_fixtures import write_omni_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_omni_mtp_checkpoint
 
     checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
     out = tmp_path / "pkg"
@@ -414,7 +414,7 @@ def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
 def test_a_modelopt_source_is_refused_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    import modelopt_fixtures
+    from reference_fixtures import modelopt_fixtures
 
     modelopt_fixtures.write_checkpoint("nvfp4", tmp_path / "nvfp4")
     out = tmp_path / "pkg"

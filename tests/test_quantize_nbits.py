@@ -26,8 +26,8 @@ from mobius_lite.cli.main import main
 from mobius_lite.configs.loader import load_config_file
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
 from mobius_lite.weights.verify import verify_package
-from nemotron_reference import make_reference
 from parity import drive_parity
+from reference_fixtures.nemotron_reference import make_reference
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +199,7 @@ def test_qualify_holds_the_graph_to_its_dequantized_weights(
 def test_qualify_a_quantized_package_with_its_mtp_head(tmp_path: Path) -> None:
     """The MTP head's reference reads the dequantized weights too (the head quantizes)."""
     from mobius_lite.evaluation.qualify import qualify
-    from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_nemotron_h_mtp_checkpoint
 
     checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(tmp_path / "ckpt")
     out = tmp_path / "pkg"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from mobius_lite.cli.main import main
-from nemotron_reference import make_reference
+from reference_fixtures.nemotron_reference import make_reference
 
 CHILD = textwrap.dedent(
     """\

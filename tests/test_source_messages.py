@@ -16,10 +16,10 @@ from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
     NemotronH_Omni_Reasoning_V3,
 )
 
-from gguf_fixtures import build_bpe_tokenizer, converter_tensors, write_gguf
 from mobius_lite.cli.main import main
-from nemotron_reference import make_reference
-from omni_fixtures import omni_config
+from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, converter_tensors, write_gguf
+from reference_fixtures.nemotron_reference import make_reference
+from reference_fixtures.omni_fixtures import omni_config
 
 HYBRID = dict(layers_block_type=["mamba", "attention", "mlp", "mamba"])
 

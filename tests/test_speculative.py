@@ -24,9 +24,9 @@ from mobius_lite.run.draft_control import DraftController
 from mobius_lite.run.mtp_head import MtpHead, open_head
 from mobius_lite.run.runtime import DecoderSession, greedy
 from mobius_lite.run.speculative import speculative_greedy
-from mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
-from nemotron_reference import make_reference
-from speculative_fixtures import ScriptedHead, plain_greedy
+from reference_fixtures.mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
+from reference_fixtures.nemotron_reference import make_reference
+from reference_fixtures.speculative_fixtures import ScriptedHead, plain_greedy
 
 NEW_TOKENS = 64
 PROMPT = 9
@@ -213,15 +213,15 @@ def test_generate_cli_refuses_speculation_without_a_head(package, headless_packa
 
 
 def _puzzle_package(root: Path) -> Path:
-    from mtp_fixtures import write_puzzle_mtp_checkpoint
+    from reference_fixtures.mtp_fixtures import write_puzzle_mtp_checkpoint
 
     checkpoint, _, _, _ = write_puzzle_mtp_checkpoint(root / "checkpoint")
     return mobius_lite.build(checkpoint).save(root / "package", quiet=True)
 
 
 def _gguf_q8_0_package(root: Path) -> Path:
-    from gguf_fixtures import write_gguf
-    from mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
+    from reference_fixtures.gguf_fixtures import write_gguf
+    from reference_fixtures.mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
 
     model = make_reference({"layers_block_type": HEAD_PATTERN}, seed=3)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(7))

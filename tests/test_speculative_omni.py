@@ -13,9 +13,9 @@ from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.run.mtp_head import open_head
 from mobius_lite.run.omni_session import Media, OmniSession
 from mobius_lite.run.speculative import speculative_greedy
-from mtp_fixtures import write_omni_mtp_checkpoint
-from omni_fixtures import pack_images
-from speculative_fixtures import plain_greedy
+from reference_fixtures.mtp_fixtures import write_omni_mtp_checkpoint
+from reference_fixtures.omni_fixtures import pack_images
+from reference_fixtures.speculative_fixtures import plain_greedy
 
 NEW_TOKENS = 64
 IMAGE_TOKEN = 90  # write_omni_mtp_checkpoint's image_token_id

@@ -134,7 +134,7 @@ def test_qualify_reference_loads_a_split_checkpoint(tmp_path: Path) -> None:
     import torch
 
     from mobius_lite.evaluation.reference import load_reference
-    from nemotron_reference import make_reference, pinned_torch
+    from reference_fixtures.nemotron_reference import make_reference, pinned_torch
 
     pattern, fields = CASES["nemotron_h_sparse"]
     model = make_reference({"layers_block_type": pattern}, seed=4)

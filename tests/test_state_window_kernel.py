@@ -13,7 +13,7 @@ import pytest
 
 import mobius_lite
 from mobius_lite.errors import RouteError
-from mtp_fixtures import write_nemotron_h_mtp_checkpoint
+from reference_fixtures.mtp_fixtures import write_nemotron_h_mtp_checkpoint
 
 WINDOW = 8
 

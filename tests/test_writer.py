@@ -262,7 +262,7 @@ def test_sharded_package_runs_in_ort_like_unsharded_and_transformers(
     from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
     from mobius_lite.run.runtime import DecoderSession
     from mobius_lite.weights.verify import check_references, external_references
-    from nemotron_reference import pinned_torch
+    from reference_fixtures.nemotron_reference import pinned_torch
 
     shared = tiny_checkpoint(["mamba", "moe", "attention", "mlp"])
     reference, checkpoint = shared.model, shared.path

@@ -7,10 +7,10 @@ exported per weight route and run on onnxruntime CPU next to llama.cpp.
 One run:
   1. builds common.py (MID)'s mid config without its dense MLP layers (llama.cpp builds every
      nemotron_h_moe FFN layer as MoE) as a random transformers model, writes it as an F32 GGUF
-     in the converter's layout (fixtures/gguf_fixtures.py) and quantizes it with llama.cpp's own
-     quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS needs an
-     importance matrix in llama.cpp, so that file is written by the fixtures (random valid
-     IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
+     in the converter's layout (reference_fixtures/gguf_fixtures.py) and quantizes it with
+     llama.cpp's own quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS
+     needs an importance matrix in llama.cpp, so that file is written by the fixtures (random
+     valid IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
   2. per file and route (standard, ort = --backend ort, --dequantize, and --dequantize with
      --backend ort; F32 files have no packed weights: standard and ort only): `mobius build`
      wall time and peak RSS (/usr/bin/time -v), package weight bytes,
@@ -65,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from common import CORPUS, MID, TINY, median_time, open_package, timed_decode, timed_export  # noqa: E402
 
 from mobius_lite.bench.package_peer import session_options  # noqa: E402
@@ -96,8 +97,9 @@ def write_files(
     """The F32 file and its quantizations; without llama.cpp, Q8_0 is gguf-py's quantization
     (the same block definition) and Q4_K_M is skipped (it needs llama.cpp's quantizer)."""
     import torch
-    from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from fixtures.nemotron_reference import make_reference
+
+    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference(mid_moe(size), seed=0)
     with torch.no_grad():  # spread router scores so routing is not degenerate
@@ -154,8 +156,8 @@ def write_nvfp4(out: Path, model: Any, tokenizer: Any, special: dict[str, int]) 
     stacked experts); Q8_0 for every other matrix."""
     import re
 
-    from fixtures.gguf_fixtures import converter_tensors, write_gguf
-    from fixtures.gguf_nvfp4_fixtures import quantized_nvfp4
+    from reference_fixtures.gguf_fixtures import converter_tensors, write_gguf
+    from reference_fixtures.gguf_nvfp4_fixtures import quantized_nvfp4
 
     packed, sidecars = {}, {}
     for name, values in converter_tensors(model, "nemotron_h_moe").items():

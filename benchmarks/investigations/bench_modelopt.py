@@ -25,7 +25,8 @@ import numpy as np
 from mobius_lite.bench.package_peer import session_options
 from mobius_lite.bench.workdir import claim_workdir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from common import (  # noqa: E402
     open_package,
     timed_decode,
@@ -56,9 +57,10 @@ SCALES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_sc
 
 def write_checkpoints(workdir: Path) -> dict[str, Path]:
     """The dense BF16 checkpoint and the three ModelOpt ones of the same model."""
-    import fixtures.modelopt_fixtures as mf
     import ml_dtypes
     import torch
+
+    from reference_fixtures import modelopt_fixtures as mf
 
     def bf16(tensors, config, hf) -> None:  # dense tensors as the releases store them
         for name, array in list(tensors.items()):

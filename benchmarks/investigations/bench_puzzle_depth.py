@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import open_package, timed_decode  # noqa: E402
 
 from mobius_lite.layout import DECODER_FILE

@@ -11,8 +11,9 @@ Modes, each over the whole `speculative_greedy` call (prefill included; a 32-tok
 48 new tokens by default; median over --rounds, the modes' order rotating every round):
   - plain: runtime.greedy;
   - scripted p=P k=K: a drafter that proposes the decoder's true continuation with
-    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1; fixtures/speculative_fixtures.ScriptedHead,
-    no model call), K fixed at 1..4, and `adaptive` (the DraftController, K up to 4);
+    probability P per draft (p = 0, 0.5, 0.7, 0.85, 1;
+    reference_fixtures/speculative_fixtures.ScriptedHead, no model call), K fixed at 1..4, and
+    `adaptive` (the DraftController, K up to 4);
   - head k=K: the package's own head (random weights: its acceptance is near 0; its call cost
     is the real one), fixed K and adaptive;
   - head call cost: median seconds of one chained draft call (one position) next to one
@@ -45,12 +46,13 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from common import CORPUS, make_checkpoint  # noqa: E402
-from fixtures.speculative_fixtures import ScriptedHead  # noqa: E402
 
 from mobius_lite.bench.package_peer import session_options  # noqa: E402
 from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
+from reference_fixtures.speculative_fixtures import ScriptedHead  # noqa: E402
 
 # bench_gguf.py's mid MoE pattern: llama.cpp's nemotron_h_moe has no dense MLP layers
 PROBABILITIES = (0.0, 0.5, 0.7, 0.85, 1.0)
@@ -76,11 +78,11 @@ TINY = {
 
 def build_packages(args: argparse.Namespace) -> dict[str, Path]:
     """The checkpoint (head tensors added), its Q8_0 GGUF, and the two packages."""
-    from fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
-    from fixtures.mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
     from safetensors.numpy import load_file, save_file
 
     import mobius_lite
+    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
+    from reference_fixtures.mtp_fixtures import global_head_shape, head_tensors, nextn_tensors
 
     checkpoint = args.workdir / "checkpoint"
     widths = TINY if args.size == "tiny" else {}

@@ -1,8 +1,9 @@
 r"""llama.cpp's own converter on ModelOpt checkpoints (issue 20; not part of the CI suite).
 
-Writes tiny ModelOpt NVFP4 and MIXED_PRECISION checkpoints (fixtures/modelopt_fixtures.py, sizes
-that hold whole 64-element NVFP4 superblocks, a byte-level BPE tokenizer), converts each with
-llama.cpp's `convert_hf_to_gguf.py` from a llama.cpp source tree (`--outtype f32`, so only the
+Writes tiny ModelOpt NVFP4 and MIXED_PRECISION checkpoints
+(reference_fixtures/modelopt_fixtures.py, sizes that hold whole 64-element NVFP4 superblocks,
+a byte-level BPE tokenizer), converts each with llama.cpp's `convert_hf_to_gguf.py` from a
+llama.cpp source tree (`--outtype f32`, so only the
 NVFP4 weights and their `.scale` tensors differ from the checkpoint's dense ones), exports the
 GGUF with `mobius build` on both weight backends and the ModelOpt checkpoint directly
 (standard backend, f32), and compares the two packages' logits at prefill and 5 greedy steps
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 
 # every matmul's input width a multiple of 64 (NVFP4's superblock), vocab above the tokenizer's
 SIZES = dict(
@@ -60,9 +61,10 @@ runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
 
 
 def write_checkpoint(variant: str, directory: Path) -> None:
-    from fixtures import modelopt_fixtures
-    from fixtures.gguf_fixtures import build_bpe_tokenizer
     from transformers import PreTrainedTokenizerFast
+
+    from reference_fixtures import modelopt_fixtures
+    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer
 
     modelopt_fixtures.write_checkpoint(variant, directory, overrides=SIZES)
     tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=300)

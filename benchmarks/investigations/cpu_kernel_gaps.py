@@ -97,12 +97,12 @@ def _quantized(weight: np.ndarray, type_name: str) -> tuple[Any, np.ndarray]:
 def _exact_layout(type_name: str, n: int, k: int, seed: int) -> tuple[Any, np.ndarray | None]:
     """(exact block-wise layout, gguf-py's values; for seed 0 only, the one the error is
     measured on) of random valid blocks of a type gguf-py cannot quantize."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: fixtures
-    from fixtures.gguf_fixtures import random_blocks
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     from mobius_lite.formats.ggml.relayout.exact_layout import to_nbits_layout
+    from reference_fixtures.gguf_fixtures import random_blocks
 
     rows = random_blocks(type_name, (n, k), np.random.default_rng(seed))
     values = None

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import open_package, run_llamacpp  # noqa: E402
 
 from mobius_lite.bench.attribution import (  # noqa: E402

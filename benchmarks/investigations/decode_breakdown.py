@@ -44,7 +44,8 @@ import numpy as np
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN
 from mobius_lite.layout import DECODER_FILE
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from common import export, make_checkpoint, open_package, prompt_ids, run_llamacpp, write_f32_gguf  # noqa: E402
 
 from mobius_lite.bench.attribution import package_with_graph  # noqa: E402

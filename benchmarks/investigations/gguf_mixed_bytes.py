@@ -1,8 +1,8 @@
 r"""Package bytes per route for the mixed GGUF file (issue 20): IQ2_XXS routed experts, Q8_0
 Mamba and attention projections, NVFP4 shared experts / latent projections / output with their
-`.scale`, F16 embeddings, F32 norms (fixtures/gguf_nvfp4_fixtures.write_mixed_gguf), a random
-nemotron_h_moe model. Each route's package weight bytes (its external data, from the manifest)
-against the file's tensor bytes, with the bytes per ggml type. No timing.
+`.scale`, F16 embeddings, F32 norms (reference_fixtures/gguf_nvfp4_fixtures.write_mixed_gguf),
+a random nemotron_h_moe model. Each route's package weight bytes (its external data, from the
+manifest) against the file's tensor bytes, with the bytes per ggml type. No timing.
 
 Usage:
     python benchmarks/investigations/gguf_mixed_bytes.py --workdir /tmp/gguf_mixed_bytes \
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 
 from mobius_lite.bench.workdir import claim_workdir  # noqa: E402
 
@@ -50,10 +50,10 @@ MIB = 2**20
 
 def measure(workdir: Path) -> dict[str, Any]:
     import gguf
-    from fixtures.gguf_nvfp4_fixtures import write_mixed_gguf
-    from fixtures.nemotron_reference import make_reference
 
     from mobius_lite.cli.main import main
+    from reference_fixtures.gguf_nvfp4_fixtures import write_mixed_gguf
+    from reference_fixtures.nemotron_reference import make_reference
 
     (file,) = write_mixed_gguf(workdir / "mixed.gguf", make_reference(MODEL, seed=1))
     by_type: dict[str, int] = {}

@@ -1,7 +1,7 @@
 r"""llama.cpp as a real client of the same GGUF file (issues 10, 20; not part of the CI suite).
 
 Writes small random nemotron_h_moe models as GGUF files the way llama.cpp's converter does
-(fixtures/gguf_fixtures.py and fixtures/gguf_nvfp4_fixtures.py, with a BPE vocabulary):
+(reference_fixtures/gguf_fixtures.py and gguf_nvfp4_fixtures.py, with a BPE vocabulary):
 - F32, quantized by llama.cpp's own quantizer (llama_model_quantize) to Q8_0, the Q4_K_M
   preset, MXFP4_MOE (stacked experts MXFP4, the rest Q8_0), TQ1_0, TQ2_0 and Q1_0 (each where
   the installed binding has the file type; fallbacks included);
@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 
 from common import open_package  # noqa: E402
 
@@ -84,16 +85,16 @@ F32_FILES = ("F32", "puzzle")  # gated on equal greedy tokens
 def write_fixture_files(workdir: Path) -> dict[str, Path]:
     """The files written in the converter's layout (no llama.cpp needed): F32, the ModelOpt
     NVFP4 / MIXED_PRECISION conversions, the mixed file and a Puzzle file."""
-    import fixtures.modelopt_fixtures as mf
-    from fixtures.gguf_fixtures import (
+    from reference_fixtures import modelopt_fixtures as mf
+    from reference_fixtures.gguf_fixtures import (
         PUZZLE_GGUF_BLOCKS,
         PUZZLE_GGUF_GLOBALS,
         build_bpe_tokenizer,
         write_gguf,
     )
-    from fixtures.gguf_nvfp4_fixtures import write_mixed_gguf, write_modelopt_gguf
-    from fixtures.nemotron_reference import make_reference
-    from fixtures.puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
+    from reference_fixtures.gguf_nvfp4_fixtures import write_mixed_gguf, write_modelopt_gguf
+    from reference_fixtures.nemotron_reference import make_reference
+    from reference_fixtures.puzzle_fixtures import puzzle_raw_config, write_puzzle_checkpoint
 
     tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=400)
     vocab = {"tokenizer": tokenizer, "special_tokens": SPECIAL}

@@ -31,7 +31,7 @@ import numpy as np
 
 from mobius_lite.layout import DECODER_FILE
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import MID, PATTERNS, export, make_checkpoint  # noqa: E402
 
 from mobius_lite.bench import package_peer, workdir  # noqa: E402

@@ -3,7 +3,7 @@
 CI checks the export's blocks against gguf-py's quantizer (tests/test_quantize_export.py).
 This script checks them against llama.cpp's own `llama_model_quantize` (llama-cpp-python):
 1. a tiny random Nemotron-H MoE model is saved twice: as a safetensors checkpoint and as an
-   F32 GGUF written the way llama.cpp's converter writes it (fixtures/gguf_fixtures.py);
+   F32 GGUF written the way llama.cpp's converter writes it (reference_fixtures/gguf_fixtures.py);
 2. llama.cpp quantizes the GGUF with `--pure` to Q8_0 and to Q4_0, and to Q4_0 with
    `--output-tensor-type q8_0`;
 3. `mobius build` exports each llama.cpp file, and the checkpoint with the matching
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mobius_lite.bench.workdir import claim_workdir, release_workdir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 
 MODEL = {
     "layers_block_type": ["mamba", "moe", "attention", "moe"],
@@ -94,8 +94,8 @@ def build(model: Path, out: Path, flags: list[str]) -> None:
 
 
 def run(workdir: Path) -> int:
-    from fixtures.gguf_fixtures import write_gguf
-    from fixtures.nemotron_reference import make_reference
+    from reference_fixtures.gguf_fixtures import write_gguf
+    from reference_fixtures.nemotron_reference import make_reference
 
     model = make_reference(MODEL, seed=1)
     checkpoint = workdir / "checkpoint"

@@ -2,7 +2,7 @@
 
 Oracles: gguf-py's `gguf.quants.dequantize` for the numpy decode, bit for bit (Q1_0, which
 gguf-py 0.19 cannot decode: ggml's definition, written out as q1_0_by_definition in
-tests/gguf_fixtures.py); the numpy decode for the graph decode and for the weight routes
+reference_fixtures/gguf_fixtures.py); the numpy decode for the graph decode and for the weight routes
 (matmul, embedding rows, stacked experts) run in onnxruntime CPU, bit for bit. Blocks are
 random bytes in which every scale byte and every code byte value occurs; the scale edge codes
 are checked one by one against their definitions, written out here.
@@ -20,7 +20,6 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from onnxscript import OpBuilder
 
-from gguf_fixtures import q1_0_by_definition
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml import mxfp4, nvfp4
 from mobius_lite.formats.ggml.codecs import CODECS
@@ -29,6 +28,7 @@ from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import DECODE, GGMLWeight
 from mobius_lite.formats.modelopt.nvfp4 import E2M1_VALUES
 from mobius_lite.formats.weight import gemm_transposed
+from reference_fixtures.gguf_fixtures import q1_0_by_definition
 
 from .emit_harness import run_emitter
 from .ggml_data import random_finite_f16_bits

@@ -14,7 +14,6 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from gguf_fixtures import random_blocks
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.formats.ggml.relayout.exact_codes import exact_codes
 from mobius_lite.formats.ggml.relayout.exact_layout import (
@@ -24,6 +23,7 @@ from mobius_lite.formats.ggml.relayout.exact_layout import (
     to_nbits_layout,
 )
 from mobius_lite.formats.ggml.relayout.exact_matmulnbits import emit_exact_nbits_matmul
+from reference_fixtures.gguf_fixtures import random_blocks
 
 from .emit_harness import run_emitter
 from .ggml_data import random_rows

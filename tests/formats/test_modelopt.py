@@ -14,7 +14,6 @@ import pytest
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from onnxscript import GraphBuilder
 
-import modelopt_fixtures as mf
 from formats.emit_harness import run_emitter
 from mobius_lite.enums import Backend
 from mobius_lite.errors import CheckpointError, ConfigError
@@ -27,6 +26,7 @@ from mobius_lite.formats.modelopt.quant_config import (
     parse_quantization,
 )
 from mobius_lite.sources.safetensors_files import SafetensorsCheckpoint
+from reference_fixtures import modelopt_fixtures as mf
 
 E4M3 = ml_dtypes.float8_e4m3fn
 FINITE_E4M3 = np.array([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=np.uint8)

@@ -231,9 +231,9 @@ class ExpertScan:
         slice is re-packed per call instead, which is the cheaper of the two for one row and
         the dearer for several (a session microbenchmark on onnxruntime 1.32 CPU, 4 layers x
         4 experts: one row 5.2-6.6 vs 6.6-7.7 ms, eight rows 9.8-10.8 vs 8.2 ms; the one-row
-        side is what benchmarks/decode_breakdown.py's gemm- and matmul-twins show). So an FP32
-        graph picks the form by the row count at run time; other precisions keep the MatMul
-        form.
+        side is what benchmarks/investigations/decode_breakdown.py's gemm- and matmul-twins
+        show). So an FP32 graph picks the form by the row count at run time; other precisions
+        keep the MatMul form.
         """
 
         def matmul_form(op: OpBuilder) -> ir.Value:

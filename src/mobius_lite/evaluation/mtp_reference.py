@@ -187,9 +187,10 @@ class MtpReference:
         }
 
     def forward(self, ids: Any, hidden: Any, attention_mask: Any) -> tuple[Any, Any]:
-        """The computation on torch tensors (differentiable: benchmarks/train_mtp_head.py
-        trains the tensors in `self.t` and the MoE module through it); returns (logits,
-        mtp_hidden_states) and appends the new positions to the cache."""
+        """The computation on torch tensors (differentiable:
+        benchmarks/investigations/train_mtp_head.py trains the tensors in `self.t` and the MoE
+        module through it); returns (logits, mtp_hidden_states) and appends the new positions
+        to the cache."""
         t, eps = self.t, self.eps
         e = _rms(self.embed[ids], t["mtp.layers.0.enorm.weight"], eps)
         h = _rms(hidden, t["mtp.layers.0.hnorm.weight"], eps)

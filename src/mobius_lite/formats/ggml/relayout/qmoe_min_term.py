@@ -39,8 +39,9 @@ SUMS_PER_SUPER = SUPER // SUB
 MIN_TYPE = "Q4_K"
 # An all-4-bit layer (Q4_K with Q4_K / Q4_0) under int8: 8-bit QMoE ran faster than 4-bit at
 # accuracy 4 on the mid model's experts at one row, 2 threads (0.93 vs 1.03, 1.52 vs 1.87
-# and 1.79 vs 2.06 ms in three runs on a shared machine: benchmarks/qmoe_min_layouts.py), and
-# needs no zero points. Without int8 such a layer is 4-bit (accuracy 0, f32 activations, exact).
+# and 1.79 vs 2.06 ms in three runs on a shared machine:
+# benchmarks/investigations/qmoe_min_layouts.py), and needs no zero points. Without int8 such a
+# layer is 4-bit (accuracy 0, f32 activations, exact).
 Q4_K_ONLY_BITS = 8
 
 
