@@ -2,8 +2,8 @@
 
 Oracles: gguf-py's `gguf.quants.dequantize` for the numpy decode, bit for bit (Q1_0, which
 gguf-py 0.19 cannot decode: ggml's definition, written out as q1_0_by_definition in
-reference_fixtures/gguf_fixtures.py); the numpy decode for the graph decode and for the weight routes
-(matmul, embedding rows, stacked experts) run in onnxruntime CPU, bit for bit. Blocks are
+reference_fixtures/gguf_fixtures.py); the numpy decode for the graph decode and for the weight
+routes (matmul, embedding rows, stacked experts) run in onnxruntime CPU, bit for bit. Blocks are
 random bytes in which every scale byte and every code byte value occurs; the scale edge codes
 are checked one by one against their definitions, written out here.
 """
