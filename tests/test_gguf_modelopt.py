@@ -1,8 +1,8 @@
 """A GGUF written as llama.cpp's converter writes it from a ModelOpt NVFP4 (and a
 MIXED_PRECISION) checkpoint (reference_fixtures/gguf_nvfp4_fixtures.py) exports to a package
 whose numbers match the package built from the ModelOpt checkpoint directly: every logits /
-K / V / conv / SSM array at prefill and 5 cached steps within the FP32 gates, the same greedy tokens. The
-repack itself is checked against ModelOpt's own dequantization, value for value."""
+K / V / conv / SSM array at prefill and 5 cached steps within the FP32 gates, the same greedy
+tokens. The repack itself is checked against ModelOpt's own dequantization, value for value."""
 
 from __future__ import annotations
 
