@@ -25,7 +25,6 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
-from mobius_lite.formats.ggml.codecs import codec_of
 from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     BLOCK_SIZE,
     NBITS_BLOCKS,
@@ -81,7 +80,6 @@ class GGMLWeight:
     ) -> GGMLWeight:
         """The routes for one slot, as the type's row has them (types.py): onnxruntime's ops
         where they fit, else standard decode."""
-        codec_of(ggml.name)  # RouteError now for a type without a decoder
         matmul, select = DECODE, DECODE
         if is_ort(backend) and len(shape) == 2:
             if ggml.blocks is not None and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
@@ -143,7 +141,7 @@ class GGMLWeight:
 
     def decode(self, op: OpBuilder, packed: ir.Value) -> ir.Value:
         """uint8 [..., row_bytes] -> [..., row_elements] in the activation precision."""
-        return self._to_activation(op, codec_of(self.type.name).emit(op, packed, self.row_elements))
+        return self._to_activation(op, self.type.codec.emit(op, packed, self.row_elements))
 
     def matmul(
         self,
