@@ -38,16 +38,20 @@ from mobius_lite.formats.ggml import (
     ternary,
 )
 from mobius_lite.formats.ggml.blocks import BlockCodec, BlockDecode
+from mobius_lite.formats.ggml.relayout import code_readers
+from mobius_lite.formats.ggml.relayout.code_readers import CodeReader
 
 
 @dataclass(frozen=True)
 class CodeForm:
-    """A type's exact code form (relayout/exact_codes.py's table), before any data is read:
-    value = (code - zero_point) * scale [- min] per block of `block_size` along K."""
+    """A type's exact code form (relayout/exact_codes.py's table): value = (code - zero_point)
+    * scale [- min] per block of `block_size` along K, and the reader of its blocks' codes,
+    scales and mins (relayout/code_readers.py)."""
 
     bits: int
     block_size: int
     zero_point: int
+    read: CodeReader
     has_mins: bool = False
 
 
@@ -99,17 +103,52 @@ GGML_TYPES: dict[str, GGMLType] = {
     for t in (
         GGMLType("F32", 0, 1, 4, dense.F32),
         GGMLType("F16", 1, 1, 2, dense.F16),
-        GGMLType("Q4_0", 2, 32, 18, legacy.Q4_0, True, BlocksForm(4, 8), CodeForm(4, 32, 8)),
+        GGMLType(
+            "Q4_0",
+            2,
+            32,
+            18,
+            legacy.Q4_0,
+            True,
+            BlocksForm(4, 8),
+            CodeForm(4, 32, 8, code_readers.q4_0),
+        ),
         GGMLType("Q4_1", 3, 32, 20, legacy.Q4_1),
         GGMLType("Q5_0", 6, 32, 22, legacy.Q5_0, **_SELECT),
         GGMLType("Q5_1", 7, 32, 24, legacy.Q5_1),
-        GGMLType("Q8_0", 8, 32, 34, legacy.Q8_0, True, BlocksForm(8, 128), CodeForm(8, 32, 128)),
+        GGMLType(
+            "Q8_0",
+            8,
+            32,
+            34,
+            legacy.Q8_0,
+            True,
+            BlocksForm(8, 128),
+            CodeForm(8, 32, 128, code_readers.q8_0),
+        ),
         GGMLType("Q2_K", 10, 256, 84, kquants.Q2_K),
         GGMLType("Q3_K", 11, 256, 110, kquants.Q3_K),
-        GGMLType("Q4_K", 12, 256, 144, kquants.Q4_K, exact=CodeForm(4, 32, 0, has_mins=True)),
+        GGMLType(
+            "Q4_K",
+            12,
+            256,
+            144,
+            kquants.Q4_K,
+            exact=CodeForm(4, 32, 0, code_readers.q4_k, has_mins=True),
+        ),
         GGMLType("Q5_K", 13, 256, 176, kquants.Q5_K, **_SELECT),
-        GGMLType("Q6_K", 14, 256, 210, kquants.Q6_K, True, exact=CodeForm(8, 16, 128)),
-        GGMLType("IQ2_XXS", 16, 256, 66, iq2.IQ2_XXS, True, exact=CodeForm(8, 32, 128)),
+        GGMLType(
+            "Q6_K", 14, 256, 210, kquants.Q6_K, True, exact=CodeForm(8, 16, 128, code_readers.q6_k)
+        ),
+        GGMLType(
+            "IQ2_XXS",
+            16,
+            256,
+            66,
+            iq2.IQ2_XXS,
+            True,
+            exact=CodeForm(8, 32, 128, code_readers.iq2_xxs),
+        ),
         GGMLType("IQ2_XS", 17, 256, 74, iq2.IQ2_XS, **_SELECT),
         GGMLType("IQ3_XXS", 18, 256, 98, iq3.IQ3_XXS, **_SELECT),
         GGMLType("IQ1_S", 19, 256, 50, iq1.IQ1_S),
@@ -121,8 +160,8 @@ GGML_TYPES: dict[str, GGMLType] = {
         GGMLType("BF16", 30, 1, 2, dense.BF16),
         GGMLType("TQ1_0", 34, 256, 54, ternary.TQ1_0),
         GGMLType("TQ2_0", 35, 256, 66, ternary.TQ2_0),
-        GGMLType("MXFP4", 39, 32, 17, mxfp4.MXFP4, exact=CodeForm(8, 32, 128)),
-        GGMLType("NVFP4", 40, 64, 36, nvfp4.NVFP4, exact=CodeForm(8, 16, 128)),
+        GGMLType("MXFP4", 39, 32, 17, mxfp4.MXFP4, exact=CodeForm(8, 32, 128, code_readers.mxfp4)),
+        GGMLType("NVFP4", 40, 64, 36, nvfp4.NVFP4, exact=CodeForm(8, 16, 128, code_readers.nvfp4)),
         GGMLType("Q1_0", 41, 128, 18, q1_0.Q1_0),
     )
 }
