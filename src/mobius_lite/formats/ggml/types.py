@@ -15,7 +15,8 @@ fit it (weight.py chooses among them):
 - ort matmul: `blocks`, the lossless MatMulNBits re-layout of its blocks (relayout/
   blocks_matmulnbits.py: Q8_0 / Q4_0);
 - exact re-layout: `exact`, its blocks as integer codes with one scale (and one min) per
-  block (relayout/exact_codes.py), for MatMulNBits (`--activations`) and for QMoE experts
+  block (relayout/exact_codes.py; the row's CodeForm holds its reader, relayout/
+  code_readers.py), for MatMulNBits (`--activations`) and for QMoE experts
   (relayout/qmoe_experts.py: 4-bit forms with f32 activations, 8-bit ones with int8; a form
   with mins takes the min-term layout of relayout/qmoe_min_term.py).
 """
