@@ -29,7 +29,6 @@ from formats.emit_harness import run_emitter
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE
-from mobius_lite.formats.ggml.codecs import CODECS
 from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     MatMulNBitsWeights,
     from_matmulnbits,
@@ -57,6 +56,7 @@ pytestmark = pytest.mark.slow
 
 DENSE_TYPES = ("F32", "F16", "BF16")
 ALL_TYPES = set(GGML_TYPES)
+CODECS = {name: t.codec for name, t in GGML_TYPES.items()}
 
 MOE_WIDE = {
     "layers_block_type": ["mamba", "moe", "attention", "moe"],

@@ -7,7 +7,8 @@ import onnx_ir as ir
 import pytest
 from onnxscript import OpBuilder
 
-from mobius_lite.formats.ggml import blocks, kquants
+from mobius_lite.formats.ggml import blocks
+from mobius_lite.formats.ggml.types import GGML_TYPES
 
 from .emit_harness import run_emitter
 from .ggml_data import random_rows
@@ -61,9 +62,9 @@ def test_emit_decodes_gathered_rows_of_stacked_experts() -> None:
     picked = np.array([2, 0], dtype=np.int64)
 
     def emit(op: OpBuilder, v: ir.Value, idx: ir.Value) -> ir.Value:
-        return kquants.Q5_K.emit(op, op.Gather(v, idx, axis=0), 256)
+        return GGML_TYPES["Q5_K"].codec.emit(op, op.Gather(v, idx, axis=0), 256)
 
     (got,) = run_emitter(emit, [data, picked])
-    expected = kquants.Q5_K.dequantize(data[picked])
+    expected = GGML_TYPES["Q5_K"].codec.dequantize(data[picked])
     assert got.shape == (2, 2, 256)
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))

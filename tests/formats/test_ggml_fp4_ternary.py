@@ -22,7 +22,6 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.ggml import mxfp4, nvfp4
-from mobius_lite.formats.ggml.codecs import CODECS
 from mobius_lite.formats.ggml.storage import Dequantize, GGMLStorage
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import DECODE, GGMLWeight
@@ -33,6 +32,7 @@ from reference_fixtures.gguf_fixtures import q1_0_by_definition
 from .emit_harness import run_emitter
 from .ggml_data import random_finite_f16_bits
 
+CODECS = {name: t.codec for name, t in GGML_TYPES.items()}
 FP4 = ("MXFP4", "NVFP4")
 FP16_SCALED = ("TQ1_0", "TQ2_0", "Q1_0")
 GGUF_PY = (*FP4, "TQ1_0", "TQ2_0")  # the types gguf-py 0.19 dequantizes

@@ -18,11 +18,15 @@ from gguf import GGMLQuantizationType
 from onnxscript import GraphBuilder
 
 from mobius_lite.formats.ggml import grids, iq1, iq2, iq3, iq4
-from mobius_lite.formats.ggml.types import BlockCodec
+from mobius_lite.formats.ggml.blocks import BlockCodec
+from mobius_lite.formats.ggml.types import GGML_TYPES
 
 from .emit_harness import run_emitter
 
-CODECS: dict[str, BlockCodec] = {c.type.name: c for m in (iq1, iq2, iq3, iq4) for c in m.CODECS}
+IQ_DECODES = iq1.DECODES + iq2.DECODES + iq3.DECODES + iq4.DECODES
+CODECS: dict[str, BlockCodec] = {
+    t.name: t.codec for t in GGML_TYPES.values() if t.codec.decode in IQ_DECODES
+}
 NAMES = sorted(CODECS)
 ONE_F16 = 0x3C00
 

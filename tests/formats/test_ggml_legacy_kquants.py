@@ -14,13 +14,19 @@ from gguf.quants import dequantize as gguf_dequantize
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml import dense, kquants, legacy
-from mobius_lite.formats.ggml.types import GGML_TYPES, BlockCodec
+from mobius_lite.formats.ggml.blocks import BlockCodec
+from mobius_lite.formats.ggml.types import GGML_TYPES
 
 from .emit_harness import run_emitter
 from .ggml_data import F16_FIELDS, code_bytes_cover_all_values, random_rows
 
-QUANT_CODECS: dict[str, BlockCodec] = {c.type.name: c for c in legacy.CODECS + kquants.CODECS}
-DENSE_CODECS: dict[str, BlockCodec] = {c.type.name: c for c in dense.CODECS}
+QUANT_DECODES = legacy.DECODES + kquants.DECODES
+QUANT_CODECS: dict[str, BlockCodec] = {
+    t.name: t.codec for t in GGML_TYPES.values() if t.codec.decode in QUANT_DECODES
+}
+DENSE_CODECS: dict[str, BlockCodec] = {
+    t.name: t.codec for t in GGML_TYPES.values() if t.codec.decode in dense.DECODES
+}
 
 # (lead dims, blocks per row): a weight [N, row_bytes], stacked experts [E, N, row_bytes],
 # a single row.
@@ -130,14 +136,14 @@ def test_dense_emit_matches_numpy_decode(type_name: str, as_initializers: bool) 
 
 def test_dequantize_rejects_partial_blocks() -> None:
     with pytest.raises(ValueError, match="whole blocks"):
-        legacy.Q8_0.dequantize(np.zeros((2, 35), dtype=np.uint8))
+        QUANT_CODECS["Q8_0"].dequantize(np.zeros((2, 35), dtype=np.uint8))
     with pytest.raises(TypeError, match="uint8"):
-        legacy.Q8_0.dequantize(np.zeros((2, 34), dtype=np.int8))
+        QUANT_CODECS["Q8_0"].dequantize(np.zeros((2, 34), dtype=np.int8))
 
 
 def test_emit_rejects_a_row_that_does_not_fit() -> None:
     data = rows_for("Q4_K", (2,), 1, 0)
     with pytest.raises(ValueError, match="whole blocks"):
-        run_emitter(lambda op, v: kquants.Q4_K.emit(op, v, 100), [data])
+        run_emitter(lambda op, v: QUANT_CODECS["Q4_K"].emit(op, v, 100), [data])
     with pytest.raises(ValueError, match="last axis"):
-        run_emitter(lambda op, v: kquants.Q4_K.emit(op, v, 512), [data])
+        run_emitter(lambda op, v: QUANT_CODECS["Q4_K"].emit(op, v, 512), [data])

@@ -11,18 +11,18 @@ import onnx_ir as ir
 import pytest
 from onnxscript import OpBuilder
 
-from mobius_lite.formats.ggml import legacy
 from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     MatMulNBitsWeights,
     emit_matmulnbits,
     from_matmulnbits,
     to_matmulnbits,
 )
+from mobius_lite.formats.ggml.types import GGML_TYPES
 
 from .emit_harness import run_emitter
 from .ggml_data import random_rows
 
-CODECS = {"Q8_0": legacy.Q8_0, "Q4_0": legacy.Q4_0}
+CODECS = {name: GGML_TYPES[name].codec for name in ("Q8_0", "Q4_0")}
 BITS = {"Q8_0": 8, "Q4_0": 4}
 # odd N; K = 64 gives an even number of K blocks, K = 96 an odd one (a padded zero-point byte)
 SIZES = [(5, 64), (7, 96)]

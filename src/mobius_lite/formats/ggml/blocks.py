@@ -1,9 +1,10 @@
 """Shared pieces of ggml block decoding, in numpy and as standard-ONNX graph fragments.
 
-A codec decodes one block at a time. Both of its sides see every block of the input
-flattened to uint8 [B, block_bytes] (B = all blocks of all rows): the numpy side as an
-array, the graph side as a value, so each fragment has a known rank. `make_codec` wraps the
-two per-block decoders into a `BlockCodec` that takes and returns whole rows.
+A codec module writes each type's decode one block at a time (`BlockDecode`). Both of its
+sides see every block of the input flattened to uint8 [B, block_bytes] (B = all blocks of all
+rows): the numpy side as an array, the graph side as a value, so each fragment has a known
+rank. A type's row (types.py) wraps its `BlockDecode` into the `BlockCodec` that takes and
+returns whole rows, reading the block geometry from that row.
 
 Every helper here is exact: byte fields, bit fields, little-endian integers and fp16 / int8
 reinterpretation never round. Decoders stay bit-exact with ggml as long as they then apply
@@ -18,12 +19,15 @@ non-negative values they see.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
 from onnxscript import OpBuilder
 
-from mobius_lite.formats.ggml.types import GGML_TYPES, BlockCodec, GGMLType
+if TYPE_CHECKING:  # the rows are made of codecs, so the type table imports this module
+    from mobius_lite.formats.ggml.types import GGMLType
 
 FLOAT = ir.DataType.FLOAT
 UINT8 = ir.DataType.UINT8
@@ -330,46 +334,41 @@ def check_row(ggml_type: GGMLType, data: ir.Value, row_elements: int) -> None:
         )
 
 
-def block_emitter(
-    ggml_type: GGMLType, decode: BlockDecoder
-) -> Callable[[OpBuilder, ir.Value, int], ir.Value]:
-    """Make a `BlockCodec.emit` from a per-block decoder: flatten to blocks, decode, restore."""
+@dataclass(frozen=True)
+class BlockDecode:
+    """One ggml type's decode of single blocks, as its codec module writes it; the block
+    geometry it decodes is its row's (types.py).
 
-    def emit(op: OpBuilder, data: ir.Value, row_elements: int) -> ir.Value:
-        check_row(ggml_type, data, row_elements)
-        decoded = decode(op, emit_as_blocks(op, data, ggml_type))
-        return emit_as_rows(op, data, decoded, row_elements)
+    numpy: uint8 [B, block_bytes] -> float32 [B, ...], written from the format's definition
+        (the oracle the graph is tested against; gguf-py is its oracle).
+    graph: (op, uint8 [B, block_bytes]) -> FLOAT [B, ...] with standard opset-27 ops only,
+        bit-exact with `numpy`.
+    """
 
-    emit.__name__ = f"emit_{ggml_type.name.lower()}"
-    emit.__doc__ = f"Decode {ggml_type.name} rows [..., row_bytes] to FLOAT [..., row_elements]."
-    return emit
+    numpy: NumpyBlockDecoder
+    graph: BlockDecoder
 
 
-def block_dequantizer(
-    ggml_type: GGMLType, decode: NumpyBlockDecoder
-) -> Callable[[np.ndarray], np.ndarray]:
-    """Make a `BlockCodec.dequantize` from a numpy per-block decoder: flatten to blocks
-    uint8 [B, block_bytes], decode, restore the rows."""
+@dataclass(frozen=True)
+class BlockCodec:
+    """A ggml type's codec on whole rows: its `BlockDecode` over the blocks of its row's
+    geometry. The row makes it (GGMLType.codec), so `codec.type` is that row."""
 
-    def dequantize(data: np.ndarray) -> np.ndarray:
+    type: GGMLType
+    decode: BlockDecode
+
+    def dequantize(self, data: np.ndarray) -> np.ndarray:
+        """uint8 [..., row_bytes] -> float32 [..., row_elements], the numpy reference."""
+        ggml_type = self.type
         blocks = as_blocks(np.asarray(data), ggml_type)
-        values = decode(blocks.reshape(-1, ggml_type.block_bytes))
+        values = self.decode.numpy(blocks.reshape(-1, ggml_type.block_bytes))
         if values.dtype != np.float32:  # a decoder bug (a float64 promotion), not bad data
             raise TypeError(f"{ggml_type.name} decode returned {values.dtype}, not float32")
         return values.reshape(*blocks.shape[:-2], blocks.shape[-2] * ggml_type.block_elements)
 
-    dequantize.__name__ = f"dequantize_{ggml_type.name.lower()}"
-    dequantize.__doc__ = f"Decode {ggml_type.name} rows [..., row_bytes] to float32 [..., n]."
-    return dequantize
-
-
-def make_codec(
-    type_name: str, numpy_decode: NumpyBlockDecoder, graph_decode: BlockDecoder
-) -> BlockCodec:
-    """A BlockCodec from a numpy per-block decode and a graph per-block decode of one type."""
-    ggml_type = GGML_TYPES[type_name]
-    return BlockCodec(
-        ggml_type,
-        block_dequantizer(ggml_type, numpy_decode),
-        block_emitter(ggml_type, graph_decode),
-    )
+    def emit(self, op: OpBuilder, data: ir.Value, row_elements: int) -> ir.Value:
+        """uint8 value [..., row_bytes] -> FLOAT value [..., row_elements] with standard ops,
+        bit-exact with `dequantize`."""
+        check_row(self.type, data, row_elements)
+        decoded = self.decode.graph(op, emit_as_blocks(op, data, self.type))
+        return emit_as_rows(op, data, decoded, row_elements)

@@ -13,15 +13,14 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
     FLOAT,
+    BlockDecode,
     const,
     emit_f16_bits_to_float,
     emit_le_uint,
     emit_shift,
     f16_at,
     le_uint,
-    make_codec,
 )
-from mobius_lite.formats.ggml.types import BlockCodec
 
 
 def _f32(blocks: np.ndarray) -> np.ndarray:
@@ -70,8 +69,8 @@ def _emit_bf16(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     )
 
 
-F32 = make_codec("F32", _f32, _emit_f32)
-F16 = make_codec("F16", _f16, emit_f16_keeping_nan_payload)
-BF16 = make_codec("BF16", _bf16, _emit_bf16)
+F32 = BlockDecode(_f32, _emit_f32)
+F16 = BlockDecode(_f16, emit_f16_keeping_nan_payload)
+BF16 = BlockDecode(_bf16, _emit_bf16)
 
-CODECS: tuple[BlockCodec, ...] = (F32, F16, BF16)
+DECODES: tuple[BlockDecode, ...] = (F32, F16, BF16)

@@ -14,6 +14,7 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
     INT64,
+    BlockDecode,
     bit_fields,
     emit_bit_fields,
     emit_f16_at,
@@ -29,10 +30,8 @@ from mobius_lite.formats.ggml.blocks import (
     f16_at,
     f16_bits_to_float,
     le_uint,
-    make_codec,
 )
 from mobius_lite.formats.ggml.grids import IQ1S_DELTA, IQ1S_GRID
-from mobius_lite.formats.ggml.types import BlockCodec
 
 _DELTA = np.float32(IQ1S_DELTA)
 _GRID_F32 = IQ1S_GRID.astype(np.float32)
@@ -105,7 +104,7 @@ def _emit_iq1_m(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.Mul(dl, op.Add(grid, delta))
 
 
-IQ1_S = make_codec("IQ1_S", _iq1_s, _emit_iq1_s)
-IQ1_M = make_codec("IQ1_M", _iq1_m, _emit_iq1_m)
+IQ1_S = BlockDecode(_iq1_s, _emit_iq1_s)
+IQ1_M = BlockDecode(_iq1_m, _emit_iq1_m)
 
-CODECS: tuple[BlockCodec, ...] = (IQ1_S, IQ1_M)
+DECODES: tuple[BlockDecode, ...] = (IQ1_S, IQ1_M)

@@ -13,6 +13,7 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
     INT64,
+    BlockDecode,
     bit_fields,
     codebook_values,
     emit_bit_fields,
@@ -30,7 +31,6 @@ from mobius_lite.formats.ggml.blocks import (
     emit_table_lookup,
     f16_at,
     le_uint,
-    make_codec,
     nibble_pairs,
     sign_bits,
 )
@@ -42,7 +42,6 @@ from mobius_lite.formats.ggml.grids import (
     KSIGNS_IQ2XS,
     SIGN_BYTE_F32,
 )
-from mobius_lite.formats.ggml.types import BlockCodec
 
 # (0.5 + s) * 0.25 for a 4-bit scale s. d * table[s] equals ggml's d * (0.5 + s) * 0.25 bit for
 # bit: scaling by 0.25 is exact (d * (0.5 + s) stays far from float32's under/overflow).
@@ -119,8 +118,8 @@ def _emit_iq2_s(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return emit_codebook_values(op, db, IQ2S_GRID, index, signs)  # [n, 16, 2, 8]
 
 
-IQ2_XXS = make_codec("IQ2_XXS", _iq2_xxs, _emit_iq2_xxs)
-IQ2_XS = make_codec("IQ2_XS", _iq2_xs, _emit_iq2_xs)
-IQ2_S = make_codec("IQ2_S", _iq2_s, _emit_iq2_s)
+IQ2_XXS = BlockDecode(_iq2_xxs, _emit_iq2_xxs)
+IQ2_XS = BlockDecode(_iq2_xs, _emit_iq2_xs)
+IQ2_S = BlockDecode(_iq2_s, _emit_iq2_s)
 
-CODECS: tuple[BlockCodec, ...] = (IQ2_XXS, IQ2_XS, IQ2_S)
+DECODES: tuple[BlockDecode, ...] = (IQ2_XXS, IQ2_XS, IQ2_S)

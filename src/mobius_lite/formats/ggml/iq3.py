@@ -13,6 +13,7 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
     INT64,
+    BlockDecode,
     bit_fields,
     codebook_values,
     emit_bit_fields,
@@ -28,7 +29,6 @@ from mobius_lite.formats.ggml.blocks import (
     emit_table_lookup,
     f16_at,
     le_uint,
-    make_codec,
     nibble_pairs,
     sign_bits,
 )
@@ -39,7 +39,6 @@ from mobius_lite.formats.ggml.grids import (
     KSIGNS_IQ2XS,
     SIGN_BYTE_F32,
 )
-from mobius_lite.formats.ggml.types import BlockCodec
 
 # (0.5 + s) * 0.5: d * table[s] equals ggml's d * (0.5 + s) * 0.5 bit for bit (halving is exact).
 _XXS_SCALE_F32 = (np.arange(16, dtype=np.float32) + np.float32(0.5)) * np.float32(0.5)
@@ -98,7 +97,7 @@ def _emit_iq3_s(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return emit_codebook_values(op, db, IQ3S_GRID, index, signs)  # [n, 8, 4, 2, 4]
 
 
-IQ3_XXS = make_codec("IQ3_XXS", _iq3_xxs, _emit_iq3_xxs)
-IQ3_S = make_codec("IQ3_S", _iq3_s, _emit_iq3_s)
+IQ3_XXS = BlockDecode(_iq3_xxs, _emit_iq3_xxs)
+IQ3_S = BlockDecode(_iq3_s, _emit_iq3_s)
 
-CODECS: tuple[BlockCodec, ...] = (IQ3_XXS, IQ3_S)
+DECODES: tuple[BlockDecode, ...] = (IQ3_XXS, IQ3_S)

@@ -15,6 +15,7 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
     INT64,
+    BlockDecode,
     bit_fields,
     emit_bit_fields,
     emit_f16_at,
@@ -26,12 +27,10 @@ from mobius_lite.formats.ggml.blocks import (
     emit_scaled_lookup,
     f16_at,
     le_uint,
-    make_codec,
     nibble_lookup,
     nibble_pairs,
 )
 from mobius_lite.formats.ggml.grids import KVALUES_IQ4NL
-from mobius_lite.formats.ggml.types import BlockCodec
 
 _KVALUES_F32 = KVALUES_IQ4NL.astype(np.float32)
 _LS_F32 = (np.arange(64) - 32).astype(np.float32)  # ggml's int (ls - 32) as float
@@ -82,7 +81,7 @@ def _emit_iq4_xs(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.Mul(dl, _emit_nibble_values(op, blocks, 8, 136, [-1, 8, 1, 16]))  # [n, 8, 2, 16]
 
 
-IQ4_NL = make_codec("IQ4_NL", _iq4_nl, _emit_iq4_nl)
-IQ4_XS = make_codec("IQ4_XS", _iq4_xs, _emit_iq4_xs)
+IQ4_NL = BlockDecode(_iq4_nl, _emit_iq4_nl)
+IQ4_XS = BlockDecode(_iq4_xs, _emit_iq4_xs)
 
-CODECS: tuple[BlockCodec, ...] = (IQ4_NL, IQ4_XS)
+DECODES: tuple[BlockDecode, ...] = (IQ4_NL, IQ4_XS)

@@ -19,6 +19,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
+    BlockDecode,
     as_int8,
     bit_fields,
     const,
@@ -32,10 +33,8 @@ from mobius_lite.formats.ggml.blocks import (
     emit_reshape,
     emit_shift,
     f16_at,
-    make_codec,
     merge_last,
 )
-from mobius_lite.formats.ggml.types import BlockCodec
 
 # Element layouts, per super-block of 256:
 # - 2-bit codes (Q2_K, Q3_K low bits): qs viewed [2, 32]; element 128 n + 32 j + l is bits
@@ -248,10 +247,10 @@ def _emit_q6_k(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.Mul(_col(op, dsc), q)
 
 
-Q2_K = make_codec("Q2_K", _q2_k, _emit_q2_k)
-Q3_K = make_codec("Q3_K", _q3_k, _emit_q3_k)
-Q4_K = make_codec("Q4_K", _q4_k, _emit_q4_k)
-Q5_K = make_codec("Q5_K", _q5_k, _emit_q5_k)
-Q6_K = make_codec("Q6_K", _q6_k, _emit_q6_k)
+Q2_K = BlockDecode(_q2_k, _emit_q2_k)
+Q3_K = BlockDecode(_q3_k, _emit_q3_k)
+Q4_K = BlockDecode(_q4_k, _emit_q4_k)
+Q5_K = BlockDecode(_q5_k, _emit_q5_k)
+Q6_K = BlockDecode(_q6_k, _emit_q6_k)
 
-CODECS: tuple[BlockCodec, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+DECODES: tuple[BlockDecode, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)

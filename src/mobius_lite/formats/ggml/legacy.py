@@ -19,6 +19,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
+    BlockDecode,
     as_int8,
     bit_fields,
     const,
@@ -30,9 +31,7 @@ from mobius_lite.formats.ggml.blocks import (
     emit_or_high,
     emit_reshape,
     f16_at,
-    make_codec,
 )
-from mobius_lite.formats.ggml.types import BlockCodec
 
 # ---------------------------------------------------------------------------- numpy
 
@@ -127,10 +126,10 @@ def _emit_q8_0(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.Mul(q, emit_f16_at(op, blocks, 0))
 
 
-Q4_0 = make_codec("Q4_0", _q4_0, _emit_q4_0)
-Q4_1 = make_codec("Q4_1", _q4_1, _emit_q4_1)
-Q5_0 = make_codec("Q5_0", _q5_0, _emit_q5_0)
-Q5_1 = make_codec("Q5_1", _q5_1, _emit_q5_1)
-Q8_0 = make_codec("Q8_0", _q8_0, _emit_q8_0)
+Q4_0 = BlockDecode(_q4_0, _emit_q4_0)
+Q4_1 = BlockDecode(_q4_1, _emit_q4_1)
+Q5_0 = BlockDecode(_q5_0, _emit_q5_0)
+Q5_1 = BlockDecode(_q5_1, _emit_q5_1)
+Q8_0 = BlockDecode(_q8_0, _emit_q8_0)
 
-CODECS: tuple[BlockCodec, ...] = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+DECODES: tuple[BlockDecode, ...] = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)

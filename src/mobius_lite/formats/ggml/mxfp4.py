@@ -16,14 +16,13 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
+    BlockDecode,
     emit_bytes,
     emit_nibble_lookup,
     emit_reshape,
     emit_table_lookup,
-    make_codec,
     nibble_lookup,
 )
-from mobius_lite.formats.ggml.types import BlockCodec
 
 # ggml-common.h kvalues_mxfp4: 2 x E2M1 by code (sign bit 3). Code 8 (E2M1's -0) is the
 # integer 0, so it decodes to +0, not -0.
@@ -54,6 +53,6 @@ def _emit_mxfp4(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.Mul(emit_nibble_lookup(op, _KVALUES_F32, blocks, 1, 17, [-1, 1, 16]), d)
 
 
-MXFP4 = make_codec("MXFP4", _mxfp4, _emit_mxfp4)
+MXFP4 = BlockDecode(_mxfp4, _emit_mxfp4)
 
-CODECS: tuple[BlockCodec, ...] = (MXFP4,)
+DECODES: tuple[BlockDecode, ...] = (MXFP4,)

@@ -18,14 +18,13 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
+    BlockDecode,
     emit_int64_bytes,
     emit_nibble_lookup,
     emit_table_lookup,
-    make_codec,
     nibble_lookup,
 )
 from mobius_lite.formats.ggml.mxfp4 import KVALUES_MXFP4
-from mobius_lite.formats.ggml.types import BlockCodec
 
 GROUP = 16
 _KVALUES_F32 = KVALUES_MXFP4.astype(np.float32)
@@ -58,6 +57,6 @@ def _emit_nvfp4(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.Mul(emit_nibble_lookup(op, _KVALUES_F32, blocks, 4, 36, [-1, 4, 1, 8]), d)
 
 
-NVFP4 = make_codec("NVFP4", _nvfp4, _emit_nvfp4)
+NVFP4 = BlockDecode(_nvfp4, _emit_nvfp4)
 
-CODECS: tuple[BlockCodec, ...] = (NVFP4,)
+DECODES: tuple[BlockDecode, ...] = (NVFP4,)

@@ -14,6 +14,7 @@ from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
     FLOAT,
+    BlockDecode,
     bit_fields,
     const,
     emit_bit_fields,
@@ -21,11 +22,9 @@ from mobius_lite.formats.ggml.blocks import (
     emit_reshape,
     emit_shift,
     f16_at,
-    make_codec,
     merge_last,
 )
 from mobius_lite.formats.ggml.dense import emit_f16_keeping_nan_payload
-from mobius_lite.formats.ggml.types import BlockCodec
 
 
 def _q1_0(blocks: np.ndarray) -> np.ndarray:
@@ -44,6 +43,6 @@ def _emit_q1_0(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return op.BitCast(op.BitwiseXor(op.BitCast(d, to=ir.DataType.UINT32), sign), to=FLOAT)
 
 
-Q1_0 = make_codec("Q1_0", _q1_0, _emit_q1_0)
+Q1_0 = BlockDecode(_q1_0, _emit_q1_0)
 
-CODECS: tuple[BlockCodec, ...] = (Q1_0,)
+DECODES: tuple[BlockDecode, ...] = (Q1_0,)

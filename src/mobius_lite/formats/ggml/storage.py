@@ -25,7 +25,6 @@ import onnx_ir as ir
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.dense import DenseStorage, Verbatim, cast_array
-from mobius_lite.formats.ggml.codecs import codec_of
 from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     BLOCK_SIZE,
     RELAYOUT_TYPES,
@@ -101,7 +100,7 @@ class Dequantize(_BlockwiseConversion):
         return None
 
     def convert(self, raw: Bytes) -> Bytes:
-        values = codec_of(self.type.name).dequantize(_blocks(raw, self.type.block_bytes))
+        values = self.type.codec.dequantize(_blocks(raw, self.type.block_bytes))
         flat = np.ascontiguousarray(cast_array(values, self.target)).reshape(-1)
         return memoryview(flat.view(np.uint8))  # 1-D: len() is the byte count
 
@@ -241,7 +240,6 @@ class GGMLStorage:
         if target == self or (isinstance(target, DenseStorage) and target.dtype == UINT8):
             return Verbatim(self.type.block_bytes)
         if isinstance(target, DenseStorage) and target.floating:
-            codec_of(self.type.name)
             return Dequantize(self.type, target.dtype)
         raise RouteError(f"no conversion from ggml {self.name} to {target.name} storage")
 

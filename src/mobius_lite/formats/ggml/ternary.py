@@ -17,6 +17,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.formats.ggml.blocks import (
+    BlockDecode,
     const,
     emit_bytes,
     emit_f16_at,
@@ -26,10 +27,8 @@ from mobius_lite.formats.ggml.blocks import (
     emit_reshape,
     emit_shift,
     f16_at,
-    make_codec,
 )
 from mobius_lite.formats.ggml.kquants import crumbs_256, emit_crumbs_256
-from mobius_lite.formats.ggml.types import BlockCodec
 
 # TQ1_0's three digit groups: (first byte, bytes, digits per byte), in element order.
 _TQ1_GROUPS = ((0, 32, 5), (32, 16, 5), (48, 4, 4))
@@ -88,7 +87,7 @@ def _emit_tq2_0(op: OpBuilder, blocks: ir.Value) -> ir.Value:
     return _emit_ternary_values(op, codes, emit_f16_at(op, blocks, _TQ2_D))
 
 
-TQ1_0 = make_codec("TQ1_0", _tq1_0, _emit_tq1_0)
-TQ2_0 = make_codec("TQ2_0", _tq2_0, _emit_tq2_0)
+TQ1_0 = BlockDecode(_tq1_0, _emit_tq1_0)
+TQ2_0 = BlockDecode(_tq2_0, _emit_tq2_0)
 
-CODECS: tuple[BlockCodec, ...] = (TQ1_0, TQ2_0)
+DECODES: tuple[BlockDecode, ...] = (TQ1_0, TQ2_0)

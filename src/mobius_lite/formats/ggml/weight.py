@@ -25,7 +25,6 @@ from onnxscript import OpBuilder, nn
 
 from mobius_lite.enums import Backend
 from mobius_lite.formats.contrib import contrib_op, is_ort, typed
-from mobius_lite.formats.ggml.codecs import codec_of
 from mobius_lite.formats.ggml.relayout.blocks_matmulnbits import (
     BLOCK_SIZE,
     NBITS_BLOCKS,
@@ -81,7 +80,6 @@ class GGMLWeight:
     ) -> GGMLWeight:
         """The routes for one slot, as the type's row has them (types.py): onnxruntime's ops
         where they fit, else standard decode."""
-        codec_of(ggml.name)  # RouteError now for a type without a decoder
         matmul, select = DECODE, DECODE
         if is_ort(backend) and len(shape) == 2:
             if ggml.blocks is not None and dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
@@ -143,7 +141,7 @@ class GGMLWeight:
 
     def decode(self, op: OpBuilder, packed: ir.Value) -> ir.Value:
         """uint8 [..., row_bytes] -> [..., row_elements] in the activation precision."""
-        return self._to_activation(op, codec_of(self.type.name).emit(op, packed, self.row_elements))
+        return self._to_activation(op, self.type.codec.emit(op, packed, self.row_elements))
 
     def matmul(
         self,
@@ -170,11 +168,12 @@ class GGMLWeight:
             )
             return typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
         if self.matmul_route == MATMULNBITS:
-            bits = 8 if self.type.name == "Q8_0" else 4
+            form = self.type.blocks
+            assert form is not None
             if x.dtype is None:  # untyped builder value: activations are in self.dtype
                 x.dtype = self.dtype
             nbits = params[NBITS_B.suffix], params[NBITS_SCALES.suffix]
-            y = emit_matmulnbits(op, x, *nbits, None, k, n, bits, BLOCK_SIZE, bias=bias)
+            y = emit_matmulnbits(op, x, *nbits, None, k, n, form.bits, BLOCK_SIZE, bias=bias)
             return typed(y, self.dtype, _with(_dims(x, drop_last=True), n))
         if self.matmul_route == MATMUL_PACKED_ROUTE:
             y = op.MatMulPacked(
@@ -213,8 +212,10 @@ class GGMLWeight:
         scales = op.Cast(
             op.Gather(params[NBITS_SCALES.suffix], indices, axis=0), to=ir.DataType.FLOAT
         )
-        if self.type.name == "Q8_0":
-            codes, zero = b, 128.0
+        form = self.type.blocks
+        assert form is not None
+        if form.bits == 8:
+            codes = b
         else:  # element 2i in the low nibble of byte i, 2i + 1 in the high one
             last = op.Constant(value_ints=[-1])
             low = op.BitwiseAnd(b, op.Constant(value=ir.tensor(15, dtype=ir.DataType.UINT8)))
@@ -223,8 +224,8 @@ class GGMLWeight:
             pairs = op.Concat(op.Unsqueeze(low, last), op.Unsqueeze(high, last), axis=-1)
             lead = op.Shape(b, start=0, end=-1)
             codes = op.Reshape(pairs, op.Concat(lead, op.Constant(value_ints=[BLOCK_SIZE]), axis=0))
-            zero = 8.0
-        values = op.Sub(op.Cast(codes, to=ir.DataType.FLOAT), op.Constant(value_float=zero))
+        values = op.Cast(codes, to=ir.DataType.FLOAT)
+        values = op.Sub(values, op.Constant(value_float=float(form.zero_point)))
         values = op.Mul(values, op.Unsqueeze(scales, op.Constant(value_ints=[-1])))
         lead = op.Shape(b, start=0, end=-2)
         rows = op.Reshape(
