@@ -75,7 +75,7 @@ PEAK_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 def open_package(package: Path, options: Any, model_file: Path | None = None) -> tuple[Any, float]:
     """(DecoderSession over the package's decoder, seconds its creation took); `model_file`:
     another decoder graph. The session reads its inputs' dtypes and cache shapes itself."""
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
 
     start = time.perf_counter()
     session = DecoderSession(model_file or package / DECODER_FILE, session_options=options)

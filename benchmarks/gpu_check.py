@@ -222,15 +222,16 @@ def outputs(package: Path, providers: list[str], forced: list[int] | None = None
     `forced` tokens when given), the greedy token after each call, and for an Omni package
     its vision encoder's output on a synthetic image."""
     from mobius_lite.enums import GraphRole
+    from mobius_lite.run.decoder_session import DecoderSession
+    from mobius_lite.run.greedy import greedy
     from mobius_lite.run.package_reader import open_package
-    from mobius_lite.run.runtime import DecoderSession, greedy
 
     files = open_package(package)
     arrays: dict[str, np.ndarray] = {}
     if GraphRole.EMBEDDING.value in files.graphs:
         from mobius_lite.bench.omni_peer import synthetic_inputs
         from mobius_lite.run.omni_session import OmniSession
-        from mobius_lite.run.runtime import create_session, input_dtypes
+        from mobius_lite.run.ort_session import create_session, input_dtypes
 
         omni = OmniSession(package, providers)
         decoder, embed = omni.decoder, omni.embed_token
@@ -298,7 +299,7 @@ def gates(name: str, actual: np.ndarray, expected: np.ndarray) -> dict[str, Any]
 
 def window_slots(packages: dict[str, Path], providers: list[str]) -> list[dict[str, Any]]:
     """Check 1: the kernel route's windows and presents against the scan route's."""
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, 80, size=(2, 9)).astype(np.int64)
@@ -318,7 +319,7 @@ def window_slots(packages: dict[str, Path], providers: list[str]) -> list[dict[s
 
 def speculation(package: Path, providers: list[str]) -> list[dict[str, Any]]:
     """Check 2: speculative decoding on the kernel route against plain greedy decoding."""
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.speculative import speculative_greedy
     from reference_fixtures.speculative_fixtures import ScriptedHead, plain_greedy
 

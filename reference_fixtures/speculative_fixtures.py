@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 
 
 def plain_greedy(

@@ -14,7 +14,7 @@ import mobius_lite
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import Comparison, compare
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from reference_fixtures.nemotron_reference import (
     make_reference,
     pinned_torch,

@@ -101,7 +101,7 @@ def test_a_stale_path_is_found() -> None:
         "hub_pins.py",
         "sources/open.py",
     ]
-    assert stale_paths("runtime.py and omni_runtime.py at the root") == ["omni_runtime.py"]
+    assert stale_paths("greedy.py and omni_greedy.py at the root") == ["omni_greedy.py"]
     assert stale_paths("benchmarks/fixtures/ and run/") == ["benchmarks/fixtures/"]
 
 

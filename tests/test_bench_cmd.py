@@ -1,6 +1,6 @@
 """`mobius bench` as a user runs it: the JSON it writes, and that its timed loops really decode.
 
-The package's timed tokens are checked against runtime.greedy on a fresh session; the
+The package's timed tokens are checked against run.greedy.greedy on a fresh session; the
 transformers peer's against the checkpoint's own model re-run on the whole sequence each step
 (no cache), so neither side is checked against bench's own code. No timing is asserted.
 """
@@ -20,7 +20,8 @@ from PIL import Image
 
 from mobius_lite.cli.main import main
 from mobius_lite.layout import DECODER_FILE
-from mobius_lite.run.runtime import DecoderSession, greedy
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy
 from reference_fixtures.nemotron_reference import pinned_torch
 
 PROMPT, DECODE, ROUNDS = 6, 4, 2
@@ -35,7 +36,7 @@ def bench(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 
 
 def package_greedy(package: Path, prompt: list[int]) -> list[int]:
-    """runtime.greedy on a fresh session: the prefill's token and one per decode call."""
+    """run.greedy.greedy on a fresh session: the prefill's token and one per decode call."""
     session = DecoderSession(package / DECODER_FILE)
     return greedy(session, np.array([prompt], dtype=np.int64), 1 + DECODE).tokens
 

@@ -19,7 +19,7 @@ from mobius_lite.cli import main as cli_main
 from mobius_lite.cli.main import main, make_parser
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from reference_fixtures.nemotron_reference import pinned_torch
 
 LAYERS = dict(layers_block_type=["mamba", "moe", "attention", "mlp"])

@@ -42,7 +42,7 @@ from mobius_lite.formats.ggml.relayout.qmoe_experts import QMoEExperts
 from mobius_lite.formats.ggml.types import GGML_TYPES
 from mobius_lite.formats.ggml.weight import GGMLWeight
 from mobius_lite.formats.parts import CodeLayout, Operand
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from reference_fixtures.gguf_fixtures import random_blocks, write_gguf
 from reference_fixtures.nemotron_reference import make_reference
 

@@ -17,7 +17,7 @@ from mobius_lite.configs.nemotron_h import NemotronHConfig
 from mobius_lite.enums import LayerKind
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.layout import DECODER_FILE
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 
 LAYERS = ("mamba", "moe", "attention", "mlp", "moe", "mamba")
 

@@ -16,8 +16,9 @@ from mobius_lite.cli.main import main
 from mobius_lite.errors import ConfigError, RouteError
 from mobius_lite.evaluation.qualify_mtp import score_head
 from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, PASS
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy
 from mobius_lite.run.mtp_head import open_head
-from mobius_lite.run.runtime import DecoderSession, greedy
 from mobius_lite.run.speculative import speculative_greedy
 from reference_fixtures.mtp_fixtures import write_nemotron_h_mtp_checkpoint
 

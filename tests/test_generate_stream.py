@@ -28,7 +28,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from mobius_lite.cli.main import main
 from mobius_lite.cli.token_stream import TokenPrinter
 from mobius_lite.errors import ConfigError
-from mobius_lite.run.runtime import DecoderSession, greedy, greedy_tokens
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy, greedy_tokens
 from reference_fixtures.nemotron_reference import make_reference
 from test_cli_errors import assert_one_line, run_cli, word_tokenizer
 from test_runtime_dtypes import transformers_greedy
@@ -103,7 +104,7 @@ CHILD = textwrap.dedent(
     """\
     import sys, time
     from mobius_lite.cli.main import main
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
 
     original = DecoderSession.step
     calls = 0
@@ -253,9 +254,9 @@ def test_bad_prompt_ids(text, capsys, value: str) -> None:
 @pytest.mark.parametrize("extra", [[], ["--ids"], ["--speculative", "2"]])
 def test_empty_prompt_is_one_line(text, capsys, monkeypatch, prompt, extra) -> None:
     """Refused before any session: session creation is made to fail if it is reached."""
-    import mobius_lite.run.runtime as runtime
+    import mobius_lite.run.cached_session as cached_session
 
-    monkeypatch.setattr(runtime, "create_session", _no_session)
+    monkeypatch.setattr(cached_session, "create_session", _no_session)
     code, out, err = generate(text[0], capsys, "--prompt", prompt, *extra)
     assert_one_line(code, err, "generate", "encodes to no tokens")
     assert out == ""
@@ -279,9 +280,9 @@ def test_past_the_context_length(text, capsys, monkeypatch) -> None:
     code, out, err = generate(package, capsys, "--prompt", PROMPT, "--ids", "--ignore-eos",
                               "--max-new-tokens", "61")  # fmt: skip
     assert code == 0 and len(out.split()) == 61, err
-    import mobius_lite.run.runtime as runtime
+    import mobius_lite.run.cached_session as cached_session
 
-    monkeypatch.setattr(runtime, "create_session", _no_session)
+    monkeypatch.setattr(cached_session, "create_session", _no_session)
     code, _, err = generate(package, capsys, "--prompt", PROMPT, "--max-new-tokens", "62")
     assert_one_line(
         code, err, "generate", "context_length 64", "--max-new-tokens 62", "65 tokens",
@@ -305,9 +306,9 @@ def test_bf16_package_on_the_cpu_is_refused_before_a_session(
 ) -> None:
     """Before: onnxruntime's NOT_IMPLEMENTED traceback from session creation (generate), a
     graph_validity FAIL after the reference ran (qualify)."""
-    import mobius_lite.run.runtime as runtime
+    import mobius_lite.run.cached_session as cached_session
 
-    monkeypatch.setattr(runtime, "create_session", _no_session)
+    monkeypatch.setattr(cached_session, "create_session", _no_session)
     code, _, err = generate(bf16_package, capsys, "--prompt", PROMPT, "--ep", "cpu")
     assert_one_line(code, err, "generate", "bf16 weights", "built for cuda", "--ep cuda")
     qualify = ["qualify", str(bf16_package), "--source", str(text[0].parent / "checkpoint")]
@@ -343,14 +344,14 @@ def with_node(package: Path, tmp_path: Path, domain: str, op_type: str) -> Path:
 def test_cuda_only_operator_on_the_cpu_is_refused(text, tmp_path, capsys, monkeypatch) -> None:
     """A ModelOpt --weights-backend ort decoder's NVFP4 kernel: onnxruntime has it for CUDA
     only. onnxruntime itself refuses the session; generate says so before creating one."""
-    from mobius_lite.run.runtime import SessionError, create_session
+    from mobius_lite.run.ort_session import SessionError, create_session
 
     package = with_node(text[0], tmp_path, "com.microsoft", "MatMulBlockQuantizedFp4Weight")
     with pytest.raises(SessionError, match="MatMulBlockQuantizedFp4Weight"):
         create_session(package / "model.onnx")  # the independent evidence: onnxruntime's own
-    import mobius_lite.run.runtime as runtime
+    import mobius_lite.run.cached_session as cached_session
 
-    monkeypatch.setattr(runtime, "create_session", _no_session)
+    monkeypatch.setattr(cached_session, "create_session", _no_session)
     code, _, err = generate(package, capsys, "--prompt", PROMPT)
     assert_one_line(
         code, err, "generate", "com.microsoft.MatMulBlockQuantizedFp4Weight", "no cpu kernel"

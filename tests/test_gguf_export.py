@@ -522,7 +522,7 @@ def test_f16_activations_stay_within_the_release_gates(
     import torch
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
     from reference_fixtures.nemotron_reference import pinned_torch
 
     entry = written[key]

@@ -141,7 +141,7 @@ def test_f16_package_stays_within_the_release_gates(
     import torch
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
     from reference_fixtures.nemotron_reference import pinned_torch
 
     package = tmp_path / "f16"

@@ -16,7 +16,7 @@ import pytest
 from mobius_lite.cli.main import main
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, Comparison, compare
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from reference_fixtures import modelopt_fixtures as mf
 from reference_fixtures.gguf_nvfp4_fixtures import write_modelopt_gguf
 

@@ -185,7 +185,7 @@ def test_f16_graph_computes_scaled_products_in_float32(tmp_path: Path) -> None:
     import torch
 
     from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
     from reference_fixtures.nemotron_reference import pinned_torch
 
     overrides, arch = CASES["hybrid"]

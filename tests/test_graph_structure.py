@@ -16,7 +16,7 @@ import mobius_lite
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
 from mobius_lite.graphs.decoder import build_decoder
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from reference_fixtures.nemotron_reference import TINY_BASE, make_reference, pinned_torch
 
 PATTERN = ("mamba", "moe", "attention", "moe", "mlp")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from parity import export_reference
 from reference_fixtures.nemotron_reference import pinned_torch
 

@@ -425,8 +425,9 @@ def test_lightning_speculation_keeps_the_greedy_tokens(tmp_path: Path) -> None:
     """The depth-2 head drafts K=2 chained tokens a round; the tokens are plain greedy's."""
     import numpy as np
 
+    from mobius_lite.run.decoder_session import DecoderSession
+    from mobius_lite.run.greedy import greedy
     from mobius_lite.run.mtp_head import open_head
-    from mobius_lite.run.runtime import DecoderSession, greedy
     from mobius_lite.run.speculative import speculative_greedy
     from reference_fixtures.mtp_fixtures import write_lightning_checkpoint
 

@@ -26,7 +26,7 @@ from safetensors.numpy import load_file
 
 from mobius_lite.cli.main import main
 from mobius_lite.formats.quantize.ggml_rows import QUANTIZERS
-from mobius_lite.run.runtime import DecoderSession
+from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.weights.verify import verify_package
 from reference_fixtures.gguf_fixtures import write_gguf
 from reference_fixtures.nemotron_reference import make_reference

@@ -22,7 +22,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from mobius_lite.cli.main import main
 from mobius_lite.evaluation.metrics import RELEASE_COSINE, RELEASE_NRMSE, compare
 from mobius_lite.media.image import ImageProcessorConfig, preprocess
-from mobius_lite.run.runtime import DecoderSession, greedy
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy
 from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, dequantized_state_dict, write_gguf
 from reference_fixtures.nemotron_reference import make_reference, pinned_torch
 from test_generate import PROCESSOR, reference_greedy, tokenizer_json

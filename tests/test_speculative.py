@@ -1,6 +1,6 @@
 """Speculative greedy decoding with the MTP head (speculative.py) against plain greedy decoding.
 
-The reference is the decoder stepped one token per call (runtime.greedy at batch 1, the same
+The reference is the decoder stepped one token per call (run.greedy.greedy at batch 1, the same
 loop per row for a left-padded batch): 64 new tokens must be identical for K = 1, 2 and 4, and
 the decoder's conv, SSM and attention states afterwards must be plain decoding's (FP32 gates:
 the verifying call computes several positions at once, so the arrays agree to rounding, not
@@ -20,9 +20,10 @@ import mobius_lite
 from mobius_lite.cli.main import main
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.draft_control import DraftController
+from mobius_lite.run.greedy import greedy
 from mobius_lite.run.mtp_head import MtpHead, open_head
-from mobius_lite.run.runtime import DecoderSession, greedy
 from mobius_lite.run.speculative import speculative_greedy
 from reference_fixtures.mtp_fixtures import HEAD_PATTERN, write_nemotron_h_mtp_checkpoint
 from reference_fixtures.nemotron_reference import make_reference
@@ -275,7 +276,7 @@ def test_fewer_tokens_than_drafts(package, plain_runs, new_tokens: int) -> None:
 @pytest.mark.parametrize("k", [2, 4])
 def test_stop_token_inside_an_accepted_round(package, plain_runs, k: int, wrong: str) -> None:
     """A stop token among a round's accepted drafts ends generation there, with the decoder
-    state plain decoding (runtime.greedy with the stop token) leaves."""
+    state plain decoding (run.greedy.greedy with the stop token) leaves."""
     run = plain_runs[1]
     ids, sequence = run["ids"], np.concatenate([run["ids"], run["tokens"]], axis=1)
     stop = int(run["tokens"][0, 20])

@@ -260,7 +260,7 @@ def test_sharded_package_runs_in_ort_like_unsharded_and_transformers(
     import mobius_lite
     from mobius_lite.configs import NemotronHConfig
     from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.weights.verify import check_references, external_references
     from reference_fixtures.nemotron_reference import pinned_torch
 

@@ -9,7 +9,7 @@ Packages (one random checkpoint with a head, built here):
     --activations int8 --draft-head fast`.
 Modes, each over the whole `speculative_greedy` call (prefill included; a 32-token prompt and
 48 new tokens by default; median over --rounds, the modes' order rotating every round):
-  - plain: runtime.greedy;
+  - plain: run.greedy.greedy;
   - scripted p=P k=K: a drafter that proposes the decoder's true continuation with
     probability P per draft (p = 0, 0.5, 0.7, 0.85, 1;
     reference_fixtures/speculative_fixtures.ScriptedHead, no model call), K fixed at 1..4, and
@@ -133,8 +133,9 @@ def modes(head_factory: Callable[[], Any]) -> dict[str, tuple[Any, int | None]]:
 
 
 def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
+    from mobius_lite.run.decoder_session import DecoderSession
+    from mobius_lite.run.greedy import greedy
     from mobius_lite.run.mtp_head import open_head
-    from mobius_lite.run.runtime import DecoderSession, greedy
     from mobius_lite.run.speculative import speculative_greedy
 
     decoder = DecoderSession(package / "model.onnx", session_options=session_options(args.threads))

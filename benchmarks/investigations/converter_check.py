@@ -73,7 +73,8 @@ def write_checkpoint(variant: str, directory: Path) -> None:
 
 
 def logits_and_tokens(package: Path) -> tuple[list[int], list[np.ndarray]]:
-    from mobius_lite.run.runtime import DecoderSession, greedy
+    from mobius_lite.run.decoder_session import DecoderSession
+    from mobius_lite.run.greedy import greedy
 
     generation = greedy(DecoderSession(package / "model.onnx"), np.array([PROMPT]), STEPS)
     return generation.tokens, [o["logits"][0, -1].astype(np.float64) for o in generation.outputs]

@@ -167,7 +167,7 @@ def llamacpp_greedy(path: Path, prompt: list[int], steps: int, threads: int) -> 
 def package_greedy(package: Path, prompt: list[int], steps: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from mobius_lite.run.runtime import greedy
+    from mobius_lite.run.greedy import greedy
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

@@ -176,7 +176,7 @@ def run_profile(
 ) -> dict[str, Any]:
     """Profile one prefill (after a warm-up call) and `decode_tokens` cached steps; the decode
     session starts from caches a plain session filled, so its trace holds decode calls only."""
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
 
     prompt = np.random.default_rng(0).integers(3, MID["vocab_size"], size=(1, prompt_length))
     declared = top_level_names(package)
@@ -216,7 +216,7 @@ def run_profile(
 
 def load_figures(package: Path, threads: int, level: str) -> dict[str, Any]:
     """Session creation time and resident memory (this process) against the weight bytes."""
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
 
     before = rss_bytes()
     start = time.perf_counter()

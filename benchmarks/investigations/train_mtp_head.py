@@ -68,7 +68,7 @@ def self_generated_text(package: Path, sequences: int, seed: int, threads: int) 
     than transformers' torch Mamba fallback)."""
     import torch
 
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
 
     decoder = DecoderSession(package / DECODER_FILE, session_options=session_options(threads))
     rng = np.random.default_rng(seed)

@@ -1,11 +1,11 @@
 """`mobius bench`'s measuring code: how fast a package runs, and against what.
 
 A *peer* is one thing that runs the same synthetic prompt greedily: the package itself
-(onnxruntime, through runtime.DecoderSession; an Omni package also times its encoders), and
-optionally llama.cpp on a GGUF file and transformers eager on a checkpoint. `run_bench` loads
-each peer once (its resident-set growth measured over the load and one warm-up pass), then
-times every peer in alternating rounds (the order rotates each round) and keeps every round
-with the machine's load; `BenchResult` gives the medians and the ratios.
+(onnxruntime, through run.decoder_session.DecoderSession; an Omni package also times its
+encoders), and optionally llama.cpp on a GGUF file and transformers eager on a checkpoint.
+`run_bench` loads each peer once (its resident-set growth measured over the load and one
+warm-up pass), then times every peer in alternating rounds (the order rotates each round) and
+keeps every round with the machine's load; `BenchResult` gives the medians and the ratios.
 
 Beside the peers, what the project's benchmark scripts (benchmarks/) share with the tests:
 `workdir` (a benchmark's --workdir, refused unless a benchmark made it) and `attribution`

@@ -19,8 +19,8 @@ from mobius_lite.io_contract import (
     PIXEL_VALUES_VIDEOS,
 )
 from mobius_lite.run.omni_session import OmniSession
+from mobius_lite.run.ort_session import create_session, input_dtypes, session_providers
 from mobius_lite.run.package_reader import PackageFiles
-from mobius_lite.run.runtime import create_session, input_dtypes, session_providers
 
 ENCODERS = (GraphRole.VISION_ENCODER, GraphRole.VIDEO_ENCODER, GraphRole.AUDIO_ENCODER)
 IMAGE_SIDE, VIDEO_SIDE, VIDEO_FRAMES, AUDIO_FRAMES = 512, 256, 8, 1000  # 1000 frames: 10 s

@@ -1,6 +1,6 @@
-"""The package as a peer: its decoder through runtime.DecoderSession (the one stepper), timed
-call by call; an Omni package's prompt goes through its embedding graph and its encoders are
-timed on synthetic inputs (omni_peer.py)."""
+"""The package as a peer: its decoder through decoder_session.DecoderSession (the one
+stepper), timed call by call; an Omni package's prompt goes through its embedding graph and
+its encoders are timed on synthetic inputs (omni_peer.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import numpy as np
 from mobius_lite.bench.measure import Tick, Timed, timed_call
 from mobius_lite.enums import GraphRole
 from mobius_lite.io_contract import LOGITS
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import token_input
+from mobius_lite.run.ort_session import ort_module, session_providers
 from mobius_lite.run.package_reader import PackageFiles
-from mobius_lite.run.runtime import DecoderSession, ort_module, session_providers, token_input
 
 
 def session_options(threads: int) -> Any:

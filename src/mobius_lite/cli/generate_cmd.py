@@ -100,8 +100,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.configs.model_types import model_type_of
     from mobius_lite.enums import Task
+    from mobius_lite.run.greedy import stop_token_ids
+    from mobius_lite.run.ort_session import session_providers
     from mobius_lite.run.package_reader import open_package
-    from mobius_lite.run.runtime import check_runnable, session_providers, stop_token_ids
+    from mobius_lite.run.runnable import check_runnable
     from mobius_lite.sources.config_json import read_config_json
 
     package = Path(args.package)
@@ -206,8 +208,9 @@ def context_length(package: Path) -> int | None:
 
 
 def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], printer) -> None:
+    from mobius_lite.run.decoder_session import DecoderSession
+    from mobius_lite.run.greedy import greedy_tokens
     from mobius_lite.run.mtp_head import open_head
-    from mobius_lite.run.runtime import DecoderSession, greedy_tokens
     from mobius_lite.run.speculative import speculative_greedy
 
     head = open_head(decoder_file.parent, providers) if args.speculative else None

@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mobius_lite.evaluation.qualify import parse_prompt_ids, qualify, rescore
     from mobius_lite.evaluation.qualify_report import format_table
-    from mobius_lite.run.runtime import check_runnable
+    from mobius_lite.run.runnable import check_runnable
 
     if args.rescore:
         if args.package or args.source or args.overwrite:

@@ -61,7 +61,9 @@ from mobius_lite.evaluation.validity import (
 from mobius_lite.hashing import sha256_file
 from mobius_lite.io_contract import LOGITS, WINDOW_PREFIX
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
-from mobius_lite.run.runtime import DecoderSession, greedy, session_providers
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy
+from mobius_lite.run.ort_session import session_providers
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.weights.external_data import external_references

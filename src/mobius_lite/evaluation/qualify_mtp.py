@@ -136,7 +136,7 @@ def run_heads(
 
 
 def _text_speculation(package_dir: Path, prompt: list[int], providers: list[str]) -> Speculate:
-    from mobius_lite.run.runtime import DecoderSession
+    from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.speculative import speculative_greedy
 
     def speculate(head: Any, new_tokens: int, k: int) -> tuple[list[int], Any]:

@@ -47,7 +47,7 @@ PREFILL = "prefill"  # the media features are compared as part of the first step
 def _graph_validity(package_dir: Path, providers: list[str]) -> Verdict:
     import onnxruntime as ort
 
-    from mobius_lite.run.runtime import quiet_options
+    from mobius_lite.run.ort_session import quiet_options
 
     manifest = json.loads((package_dir / MANIFEST_FILE).read_text())
     evidence: dict[str, Any] = {}
@@ -198,8 +198,8 @@ def _decode_both(
     import torch
 
     from mobius_lite.evaluation.cache_layout import reference_cache_arrays
+    from mobius_lite.run.greedy import greedy
     from mobius_lite.run.omni_session import Media
-    from mobius_lite.run.runtime import greedy
 
     config = session.config
     kinds = [layer.kind for layer in config.text.layers]

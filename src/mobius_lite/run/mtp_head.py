@@ -21,8 +21,8 @@ from mobius_lite.io_contract import (
     LOGITS,
     MTP_HIDDEN_STATES,
 )
+from mobius_lite.run.cached_session import CachedSession
 from mobius_lite.run.package_reader import PackageFiles, open_package
-from mobius_lite.run.runtime import CachedSession
 
 
 class DraftHead(Protocol):
@@ -50,8 +50,8 @@ class DraftHead(Protocol):
 class MtpHead(CachedSession):
     """An onnxruntime session over a package's mtp.onnx that carries the head's KV cache.
 
-    Cache inputs and element types are read from the session (runtime.cache_inputs), so an
-    FP16 head gets FP16 hidden states.
+    Cache inputs and element types are read from the session (cached_session.cache_inputs),
+    so an FP16 head gets FP16 hidden states.
     """
 
     def __init__(
@@ -109,6 +109,6 @@ def open_head(
         raise ConfigError(
             f"{files.directory} has no {GraphRole.MTP.file_name}: its checkpoint has no "
             "multi-token-prediction head, so it cannot draft; decode without speculation "
-            "(no --speculative; in Python, run.runtime.greedy)"
+            "(no --speculative; in Python, run.greedy.greedy)"
         )
     return MtpHead(path, providers, session_options)

@@ -33,19 +33,11 @@ from mobius_lite.io_contract import (
     PIXEL_VALUES_VIDEOS,
 )
 from mobius_lite.layout import CONFIG_FILE
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import Generation, check_prompt, greedy, greedy_tokens, stop_token_ids
 from mobius_lite.run.mtp_head import open_head
+from mobius_lite.run.ort_session import CPU, create_session, input_dtypes
 from mobius_lite.run.package_reader import open_package
-from mobius_lite.run.runtime import (
-    CPU,
-    DecoderSession,
-    Generation,
-    check_prompt,
-    create_session,
-    greedy,
-    greedy_tokens,
-    input_dtypes,
-    stop_token_ids,
-)
 from mobius_lite.run.speculative import (
     SpeculationOptions,
     SpeculationStats,

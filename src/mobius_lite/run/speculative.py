@@ -25,9 +25,9 @@ import numpy as np
 
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.io_contract import HIDDEN_STATES, LOGITS
+from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.draft_control import DraftController
 from mobius_lite.run.mtp_head import DraftHead
-from mobius_lite.run.runtime import DecoderSession
 
 
 @dataclass(frozen=True)
