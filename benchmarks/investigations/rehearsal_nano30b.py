@@ -22,8 +22,9 @@ One run:
      peak RSS): the tree's convert_hf_to_gguf.py to a BF16 GGUF (then the checkpoint is
      deleted, unless --keep), llama.cpp's quantizer (llama_model_quantize, `--pure`) to pure
      Q8_0 and Q4_0 (then the BF16 GGUF is deleted); measures each file as in 4 with
-     llama.cpp and deletes it. Or `--llamacpp TYPE=FILE`: files made elsewhere, measured
-     the same way (kept).
+     llama.cpp and deletes it (where llama.cpp's AMX matmul crashes, as on this machine's
+     CPU, once more without its extra CPU buffer types: see without_extra_buffer_types).
+     Or `--llamacpp TYPE=FILE`: files made elsewhere, measured the same way (kept).
 `--scale N` divides the widths and the expert count by N (rounded to whole 32-element blocks)
 for a smoke run on a small machine; the lead runs it at --scale 1 (planned disk peak 19.1 GB:
 the BF16 GGUF beside the checkpoint while converting, then beside the Q8_0 and Q4_0 files).
@@ -48,6 +49,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -133,7 +135,10 @@ def config(scale: int) -> dict[str, Any]:
             out[key] = max(32, out[key] // scale // 32 * 32)
         out["n_routed_experts"] = max(8, out["n_routed_experts"] // scale)
         out["mamba_num_heads"] = max(8, out["mamba_num_heads"] // scale)
-        out["num_attention_heads"] = max(2, out["num_attention_heads"] // scale)
+        kv_heads = out["num_key_value_heads"]  # heads in whole KV groups
+        out["num_attention_heads"] = max(
+            kv_heads, out["num_attention_heads"] // scale // kv_heads * kv_heads
+        )
         out["n_groups"] = 2
     return out
 
@@ -165,8 +170,8 @@ def planned_disk(raw: dict[str, Any], llama_cpp: bool, keep: bool) -> dict[str, 
 def check_disk(workdir: Path, plan: dict[str, int]) -> None:
     """Print the planned disk peak; SystemExit when the workdir's disk has less free."""
     free = shutil.disk_usage(workdir).free
-    stages = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in plan.items() if k != "peak")
-    print(f"planned disk peak: {plan['peak'] / 1e9:.2f} GB ({stages}); free: {free / 1e9:.2f} GB")
+    stages = ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in plan.items() if k != "peak")
+    print(f"planned disk peak: {plan['peak'] / 1e9:.3f} GB ({stages}); free: {free / 1e9:.2f} GB")
     if plan["peak"] > free:
         raise SystemExit(
             f"{workdir}: {free / 1e9:.2f} GB free, the run needs {plan['peak'] / 1e9:.2f} GB"
@@ -204,9 +209,33 @@ def measure_package(package: Path, prompt: int, steps: int, threads: int) -> dic
     }
 
 
-def measure_llamacpp(path: Path, prompt: int, steps: int, threads: int) -> dict[str, Any]:
+def without_extra_buffer_types() -> None:
+    """In this (child) process: llama.cpp loads weights without its extra CPU buffer types
+    (use_extra_bufts off: no AMX, no repacked Q4_0 / Q8_0 layouts). On an AMX CPU llama.cpp
+    0.3.36's AMX matmul dies of SIGSEGV at the first prefill of these files
+    (ggml_backend_amx_mul_mat; ggml-org/llama.cpp issue 20824, Nemotron-3-Nano too), and
+    llama_cpp.Llama has no argument for it: its default model parameters are wrapped."""
+    import llama_cpp
+    import llama_cpp.llama
+
+    defaults = llama_cpp.llama_model_default_params
+
+    def params() -> Any:
+        out = defaults()
+        out.use_extra_bufts = False
+        return out
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
+
+
+def measure_llamacpp(
+    path: Path, prompt: int, steps: int, threads: int, extra_bufts: bool = True
+) -> dict[str, Any]:
     """The same figures from llama.cpp on its own file (common.run_llamacpp: one warmed-up
-    greedy pass); its RSS growth is read after the passes, the model loaded."""
+    greedy pass); its RSS growth is read after the passes, the model loaded. `extra_bufts`
+    False: without llama.cpp's extra CPU buffer types (without_extra_buffer_types)."""
+    if not extra_bufts:
+        without_extra_buffer_types()
     before = _rss_mib()
     ids = [int(t) for t in np.random.default_rng(0).integers(3, 1000, size=prompt)]
     timed = run_llamacpp(path, ids, steps, threads)
@@ -218,6 +247,7 @@ def measure_llamacpp(path: Path, prompt: int, steps: int, threads: int) -> dict[
         "prefill_tokens": prompt,
         "decode_ms_per_token": timed["decode_ms_per_token"],
         "file_bytes": path.stat().st_size,
+        "extra_buffer_types": extra_bufts,
     }
 
 
@@ -227,8 +257,20 @@ def child(args: argparse.Namespace, what: str, path: Path) -> dict[str, Any]:
     cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     if proc.returncode:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
+        return {"error": last, "returncode": proc.returncode}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_llamacpp(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    """llama.cpp's figures on one file in a fresh process; when llama.cpp dies of SIGSEGV
+    (its AMX matmul on an AMX CPU: without_extra_buffer_types), once more without its extra
+    buffer types, the crash recorded beside."""
+    row = child(args, "llamacpp", path)
+    if row.get("returncode") != -signal.SIGSEGV:
+        return row
+    retry = child(args, "llamacpp-plain", path)
+    return {**retry, "with_extra_buffer_types": "SIGSEGV (llama.cpp issue 20824 on AMX CPUs)"}
 
 
 def llamacpp_files(specs: list[str]) -> dict[str, Path]:
@@ -290,7 +332,7 @@ def llamacpp_rows(args: argparse.Namespace) -> dict[str, Any]:
         import llama_cpp  # noqa: F401
     except ImportError:
         return {"skipped": "llama-cpp-python is not installed (the llamacpp extra)"}
-    return {kind: child(args, "llamacpp", path) for kind, path in files.items()}
+    return {kind: child_llamacpp(args, path) for kind, path in files.items()}
 
 
 def llamacpp_made(args: argparse.Namespace, checkpoint: Path, workdir: Path) -> dict[str, Any]:
@@ -313,7 +355,7 @@ def llamacpp_made(args: argparse.Namespace, checkpoint: Path, workdir: Path) -> 
         rows[kind] = {"quantize_wall_s": wall, "quantize_peak_rss_mib": rss}
     bf16.unlink()
     for kind, path in files.items():
-        rows[kind].update(child(args, "llamacpp", path))
+        rows[kind].update(child_llamacpp(args, path))
         print(f"llama.cpp {kind}: {json.dumps(rows[kind])}", flush=True)
         path.unlink()
     return rows
@@ -367,8 +409,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         what, path = args.child
-        measure = measure_package if what == "package" else measure_llamacpp
-        print(json.dumps(measure(Path(path), args.prompt, args.steps, args.threads)))
+        measured = (Path(path), args.prompt, args.steps, args.threads)
+        if what == "package":
+            print(json.dumps(measure_package(*measured)))
+        else:
+            print(json.dumps(measure_llamacpp(*measured, extra_bufts=what == "llamacpp")))
         return
     if args.llama_cpp is not None:
         check_llama_cpp(args)
