@@ -1,7 +1,10 @@
 """What the benchmark scripts share, each once: the "mid" model (its config, its random
 checkpoint and export), one timed pass of llama.cpp on a GGUF file (mobius_lite.bench's
 peer; a package's is mobius_lite.bench's PackagePeer), opening a package's decoder,
-timing calls, a timed greedy decode and a timed `mobius build` in a child process.
+timing calls, a timed greedy decode and a timed `mobius build` in a child process, and
+llama.cpp's own tools on a checkpoint: a save_pretrained byte-level BPE tokenizer beside it,
+the converter (convert_hf_to_gguf.py of a llama.cpp source tree) and the quantizer
+(llama-cpp-python's llama_model_quantize).
 
 The onnxruntime session options, the --workdir guard and the decode-attribution graph edits
 are mobius_lite.bench's (session_options, workdir, attribution).
@@ -71,6 +74,30 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "state space models, 1
 
 PEAK_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 
+# llama.cpp's converter run from a source tree (argv: TREE, then the converter's arguments),
+# its conversion package and gguf-py first on the path. The converter identifies a BPE
+# vocabulary by a hash of its pre-tokenizer, and a random test vocabulary has none it knows:
+# this answers that one question "gpt-2" (get_vocab_base_pre); the tensors are converted by
+# the converter's own code.
+CONVERT_HF = """
+import runpy, sys
+tree = sys.argv[1]
+sys.path[:0] = [tree, tree + "/gguf-py"]
+import conversion.base as base
+for cls in vars(base).values():
+    if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
+        cls.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+# llama_quantize (below) in a child process (argv: this folder, SOURCE, OUT, FTYPE, THREADS)
+QUANTIZE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from common import llama_quantize
+llama_quantize(sys.argv[2], sys.argv[3], sys.argv[4], threads=int(sys.argv[5]))
+"""
+
 
 def open_package(package: Path, options: Any, model_file: Path | None = None) -> tuple[Any, float]:
     """(DecoderSession over the package's decoder, seconds its creation took); `model_file`:
@@ -126,21 +153,28 @@ def timed_decode(
     return timed
 
 
+def timed_command(cmd: Sequence[str], what: str) -> tuple[float, float | None]:
+    """(wall seconds, peak resident MiB) of `cmd` in a child process under /usr/bin/time -v;
+    SystemExit naming `what` with the end of its stderr when it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-4000:]}")
+    rss = PEAK_RSS.search(proc.stderr)
+    return wall, int(rss[1]) / 1024 if rss else None
+
+
 def timed_export(model: Path, output: Path, flags: Sequence[str] = ()) -> dict[str, Any]:
     """`mobius build --model MODEL --output OUTPUT --overwrite -q FLAGS...` in a child process
     under /usr/bin/time: wall seconds, peak resident MiB and the weight bytes written."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "mobius_lite.cli.main", "build"]
+    cmd = [sys.executable, "-m", "mobius_lite.cli.main", "build"]
     cmd += ["--model", str(model), "--output", str(output), "--overwrite", "--quiet", *flags]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"export failed:\n{proc.stderr[-4000:]}")
-    rss = PEAK_RSS.search(proc.stderr)
+    wall, rss = timed_command(cmd, "export")
     manifest = json.loads((output / MANIFEST_FILE).read_text())
     return {
         "export_wall_s": wall,
-        "export_peak_rss_mib": int(rss[1]) / 1024 if rss else None,
+        "export_peak_rss_mib": rss,
         "package_weight_bytes": manifest["totals"]["bytes_written"],
     }
 
@@ -220,3 +254,52 @@ def run_llamacpp(
         "decode_ms_per_token": timed.ms_per_token,
         "tokens": timed.tokens,
     }
+
+
+def save_bpe_tokenizer(directory: Path, corpus: list[str], vocab_size: int = 300) -> None:
+    """A byte-level BPE trained on `corpus` (reference_fixtures' build_bpe_tokenizer: <pad>,
+    <s>, </s> as ids 0-2), saved into `directory` as save_pretrained writes it
+    (tokenizer.json, tokenizer_config.json): what llama.cpp's converter reads. The converter
+    pads a vocabulary smaller than the config's vocab_size with unused [PAD<i>] tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer
+
+    tokenizer = build_bpe_tokenizer(corpus, vocab_size=vocab_size)
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(directory)
+
+
+def convert_command(tree: Path, checkpoint: Path, outfile: Path, outtype: str) -> list[str]:
+    """The command line running `tree`'s convert_hf_to_gguf.py on `checkpoint` (CONVERT_HF):
+    `--outtype OUTTYPE --outfile OUTFILE`."""
+    script = [sys.executable, "-c", CONVERT_HF, str(tree), str(checkpoint)]
+    return [*script, "--outtype", outtype, "--outfile", str(outfile)]
+
+
+def llama_quantize(
+    source: Path | str,
+    out: Path | str,
+    ftype: str,
+    output_type: str | None = None,
+    threads: int = 2,
+) -> None:
+    """llama.cpp's quantizer (llama-cpp-python's llama_model_quantize, as `llama-quantize
+    --pure`: every tensor it quantizes at `ftype`, a LLAMA_FTYPE_* name) from the GGUF
+    `source` to `out`; `output_type` (a GGML_TYPE_* name): the output tensor's type."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype)
+    params.pure = True
+    params.nthread = threads
+    if output_type is not None:
+        params.output_tensor_type = getattr(llama_cpp, output_type)
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} as {ftype}")
+
+
+def quantize_command(source: Path, out: Path, ftype: str, threads: int) -> list[str]:
+    """The command line running llama_quantize (no output_type) in a child process."""
+    here = str(Path(__file__).resolve().parent)
+    return [sys.executable, "-c", QUANTIZE, here, str(source), str(out), ftype, str(threads)]

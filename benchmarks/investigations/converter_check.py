@@ -10,8 +10,8 @@ GGUF with `mobius build` on both weight backends and the ModelOpt checkpoint dir
 under the FP32 gates (evaluation.metrics), with equal greedy tokens.
 
 The converter identifies a BPE vocabulary by a hash of its pre-tokenizer, and the fixtures'
-random vocabulary has none it knows: this script answers that one question "gpt-2"
-(`get_vocab_base_pre`); the tensors are converted by the converter's own code.
+random vocabulary has none it knows: benchmarks/common.py's convert_command answers that one
+question "gpt-2" (`get_vocab_base_pre`); the tensors are converted by the converter's own code.
 
 llama-cpp-python's source distribution carries the tree (vendor/llama.cpp):
     pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/lsrc
@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+from common import convert_command, save_bpe_tokenizer  # noqa: E402
 
 # every matmul's input width a multiple of 64 (NVFP4's superblock), vocab above the tokenizer's
 SIZES = dict(
@@ -47,29 +49,13 @@ SIZES = dict(
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "state space 1234"] * 4
 PROMPT = [5, 17, 33, 2, 90, 41, 7, 250, 11]
 STEPS = 6
-CONVERT = """
-import runpy, sys
-tree = sys.argv[1]
-sys.path[:0] = [tree, tree + "/gguf-py"]
-import conversion.base as base
-for cls in vars(base).values():
-    if isinstance(cls, type) and "get_vocab_base_pre" in vars(cls):
-        cls.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
-runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
 
 
 def write_checkpoint(variant: str, directory: Path) -> None:
-    from transformers import PreTrainedTokenizerFast
-
     from reference_fixtures import modelopt_fixtures
-    from reference_fixtures.gguf_fixtures import build_bpe_tokenizer
 
     modelopt_fixtures.write_checkpoint(variant, directory, overrides=SIZES)
-    tokenizer = build_bpe_tokenizer(CORPUS, vocab_size=300)
-    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(directory)
+    save_bpe_tokenizer(directory, CORPUS, vocab_size=300)
 
 
 def logits_and_tokens(package: Path) -> tuple[list[int], list[np.ndarray]]:
@@ -97,8 +83,7 @@ def check(variant: str, tree: Path, work: Path) -> dict[str, Any]:
 
     checkpoint, path = work / variant, work / f"{variant}.gguf"
     write_checkpoint(variant, checkpoint)
-    command = [sys.executable, "-c", CONVERT, str(tree), str(checkpoint)]
-    subprocess.run([*command, "--outtype", "f32", "--outfile", str(path)], check=True)
+    subprocess.run(convert_command(tree, checkpoint, path, "f32"), check=True)
     tensors = gguf.GGUFReader(path).tensors
     report: dict[str, Any] = {
         "gguf_types": sorted({t.tensor_type.name for t in tensors}),

@@ -27,6 +27,8 @@ from pathlib import Path
 from mobius_lite.bench.workdir import claim_workdir, release_workdir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+from common import llama_quantize  # noqa: E402
 
 MODEL = {
     "layers_block_type": ["mamba", "moe", "attention", "moe"],
@@ -51,19 +53,6 @@ CASES = {
         ["--quantize", "q4_0", "--quantize-output", "q8_0"],
     ),
 }
-
-
-def llama_quantize(f32: Path, out: Path, ftype: str, output_type: str | None) -> None:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, ftype)
-    params.pure = True
-    params.nthread = 2
-    if output_type is not None:
-        params.output_tensor_type = getattr(llama_cpp, output_type)
-    if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
-        raise RuntimeError(f"llama.cpp could not quantize {f32.name} as {ftype}")
 
 
 def initializers(package: Path) -> dict[str, bytes]:
@@ -104,7 +93,7 @@ def run(workdir: Path) -> int:
     failed = 0
     for name, (ftype, output_type, flags) in CASES.items():
         quantized = workdir / f"model-{name}.gguf"
-        llama_quantize(f32, quantized, ftype, output_type)
+        llama_quantize(f32, quantized, ftype, output_type, threads=2)
         build(quantized, workdir / f"{name}-llamacpp", [])
         build(checkpoint, workdir / f"{name}-mobius", flags)
         problems = compare(workdir / f"{name}-mobius", workdir / f"{name}-llamacpp")
