@@ -3,9 +3,10 @@ IQ2_XXS GGUF (and, with --types, llama.cpp's MXFP4_MOE / TQ1_0 / TQ2_0 / Q1_0 pr
 NVFP4: every projection as the converter writes a ModelOpt NVFP4 checkpoint, with its `.scale`
 sidecars, Q8_0 elsewhere; issue 28 compares its int8 route with llama.cpp on the Q8_0 file;
 and Q4_0: llama.cpp's `--pure` Q4_0), exported per weight route and run on onnxruntime CPU next
-to llama.cpp; with the quantize-* routes (issue 28), also the same model as a safetensors
-checkpoint built with `mobius build --quantize TYPE`, timed next to llama.cpp on its own Q4_0 /
-Q8_0 file of those weights (docs/cpu_routes.md is the table these runs fill).
+to llama.cpp; with the safetensors+ort and quantize-* routes (issue 28), also the same model
+as a safetensors checkpoint built plain or with `mobius build --quantize TYPE`, timed next to
+llama.cpp on its own F32 / Q4_0 / Q8_0 file of those weights (docs/cpu_routes.md is the
+table these runs fill).
 
 One run:
   1. builds common.py (MID)'s mid config without its dense MLP layers (llama.cpp builds every
@@ -14,8 +15,8 @@ One run:
      llama.cpp's own quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS
      needs an importance matrix in llama.cpp, so that file is written by the fixtures (random
      valid IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
-     with a quantize-* route, the same model also as a safetensors checkpoint (save_pretrained,
-     F32: the source of `--quantize`);
+     with a route built from the checkpoint, the same model also as a safetensors checkpoint
+     (save_pretrained, F32: the source of `--quantize`);
   2. per file and route (standard, ort = --backend ort, --dequantize, and --dequantize with
      --backend ort; F32 files have no packed weights: standard and ort only): `mobius build`
      wall time and peak RSS (/usr/bin/time -v), package weight bytes and package bytes (every
@@ -28,9 +29,9 @@ One run:
      route's process and llama.cpp run N times, in rotating order, after all of the file's
      exports (synced to disk); medians.
   4. accuracy beside speed (issue 22): every route's greedy tokens and logits against the
-     exact `ort` route of the same file (the f32 reference on the same weights; for a
-     quantize-* route, the llama.cpp file's weights): prefill last-position NRMSE / cosine,
-     tokens equal, and at the first disagreement the exact route's top-2 logit margin
+     exact `ort` route of the same file (the f32 reference on the same weights; for a route
+     built from the checkpoint, on the llama.cpp file's weights): prefill last-position NRMSE
+     / cosine, tokens equal, and at the first disagreement the exact route's top-2 logit margin
      (vs_exact_ort); and the same against the source, the F32 file's `ort` route
      (vs_source: the error of the quantization and the kernels together); llama.cpp's tokens
      and logits both ways.
@@ -43,14 +44,17 @@ Routes (--routes, comma-separated; F32 files have no packed weights, so only the
   ort+exact-fused*   --backend ort --activations exact-fused (MatMulNBits at accuracy 0 over the
                      exact re-layouts, experts on MoE / QMoE in the SwiGLU form of ReLU^2)
   ort+int8           --backend ort --activations int8 (int8 activations, llama.cpp's accuracy)
-Built from the safetensors checkpoint with `--quantize` (docs/quantize.md), each beside
-llama.cpp on the file named (which must be in --types):
+Built from the safetensors checkpoint (with `--quantize`: docs/quantize.md), each beside
+llama.cpp on the file named (which must be in --types; F32 always is):
+  safetensors+ort*   --backend ort (the plain f32 build of the source)                 (F32)
   quantize-q8_0+int8 --quantize q8_0 --backend ort --activations int8          (Q8_0)
   quantize-q4_0+ort  --quantize q4_0 --backend ort                             (Q4_0)
   quantize-q4_0+int8 --quantize q4_0 --backend ort --activations int8          (Q4_0)
   quantize-int8+ort  --quantize int8 --backend ort   (onnxruntime-genai style)  (Q8_0)
   quantize-int8+int8 --quantize int8 --backend ort --activations int8          (Q8_0)
   quantize-int4+ort  --quantize int4 --backend ort                             (Q4_0)
+  quantize-int4+exact-fused  --quantize int4 --backend ort --activations exact-fused
+                     (int4 experts on QMoE at f32 activations)                  (Q4_0)
   quantize-int4+int8 --quantize int4 --backend ort --activations int8          (Q4_0)
 
 --profile adds onnxruntime's per-node profile of the decode steps (SessionOptions.
@@ -69,8 +73,9 @@ Usage:
     # docs/cpu_routes.md's table, every row in one run (a quiet machine)
     python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_cpu_routes --threads 2 \
         --types Q8_0,Q4_0,Q4_K_M,IQ2_XXS,MXFP4_MOE,NVFP4 --rounds 3 --decode-tokens 32 \
-        --routes ort,ort+int8,quantize-q8_0+int8,quantize-q4_0+ort,quantize-q4_0+int8,\
-quantize-int8+ort,quantize-int8+int8,quantize-int4+ort,quantize-int4+int8 \
+        --routes ort,ort+int8,safetensors+ort,quantize-q8_0+int8,quantize-q4_0+ort,\
+quantize-q4_0+int8,quantize-int8+ort,quantize-int8+int8,quantize-int4+ort,\
+quantize-int4+exact-fused,quantize-int4+int8 \
         --json benchmarks/investigations/runs/bench_cpu_routes.json
 """
 
@@ -105,19 +110,22 @@ ROUTES: dict[str, list[str]] = {
     "dequantize+ort": ["--dequantize", "--backend", "ort"],
     "ort+exact-fused": ["--backend", "ort", "--activations", "exact-fused"],
     "ort+int8": ["--backend", "ort", "--activations", "int8"],
+    "safetensors+ort": ["--backend", "ort"],
     "quantize-q8_0+int8": ["--quantize", "q8_0", "--backend", "ort", "--activations", "int8"],
     "quantize-q4_0+ort": ["--quantize", "q4_0", "--backend", "ort"],
     "quantize-q4_0+int8": ["--quantize", "q4_0", "--backend", "ort", "--activations", "int8"],
     "quantize-int8+ort": ["--quantize", "int8", "--backend", "ort"],
     "quantize-int8+int8": ["--quantize", "int8", "--backend", "ort", "--activations", "int8"],
     "quantize-int4+ort": ["--quantize", "int4", "--backend", "ort"],
+    "quantize-int4+exact-fused": ["--quantize", "int4", "--backend", "ort"]
+    + ["--activations", "exact-fused"],
     "quantize-int4+int8": ["--quantize", "int4", "--backend", "ort", "--activations", "int8"],
 }
-F32_ROUTES = ("standard", "ort", "ort+exact-fused")
+F32_ROUTES = ("standard", "ort", "ort+exact-fused", "safetensors+ort")
 REFERENCE_ROUTE = "ort"
 SOURCE_FILE = "F32"  # its REFERENCE_ROUTE is the source's logits (vs_source)
-# a quantize-* route: built from the safetensors checkpoint, timed beside llama.cpp on this file
-QUANTIZE_BESIDE = {
+# the routes built from the safetensors checkpoint, each timed beside llama.cpp on this file
+FROM_CHECKPOINT = {"safetensors+ort": "F32"} | {
     route: "Q8_0" if flags[1] in ("q8_0", "int8") else "Q4_0"
     for route, flags in ROUTES.items()
     if route.startswith("quantize-")
@@ -512,12 +520,12 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown routes {sorted(unknown)}; choose from {', '.join(ROUTES)}")
     types = args.types.split(",")
-    for route in sorted(asked & set(QUANTIZE_BESIDE)):
-        if QUANTIZE_BESIDE[route] not in types:
-            parser.error(f"{route} is timed beside {QUANTIZE_BESIDE[route]}: add it to --types")
-    quantize = bool(asked & set(QUANTIZE_BESIDE))
+    for route in sorted(asked & set(FROM_CHECKPOINT)):
+        if FROM_CHECKPOINT[route] not in (SOURCE_FILE, *types):
+            parser.error(f"{route} is timed beside {FROM_CHECKPOINT[route]}: add it to --types")
+    checkpoint = bool(asked & set(FROM_CHECKPOINT))
     claim_workdir(args.workdir)
-    files = write_files(args.workdir, types, args.config, not args.without_llamacpp, quantize)
+    files = write_files(args.workdir, types, args.config, not args.without_llamacpp, checkpoint)
     results: dict[str, Any] = {
         "command": " ".join(["python benchmarks/investigations/bench_gguf.py", *sys.argv[1:]]),
         "config": f"{args.config} without dense MLP layers ({PATTERN}), nemotron_h_moe",
@@ -537,14 +545,14 @@ def main() -> None:
             for r in ROUTES
             if r in wanted
             and (name != "F32" or r in F32_ROUTES)
-            and QUANTIZE_BESIDE.get(r, name) == name
+            and FROM_CHECKPOINT.get(r, name) == name
         ]
         # the exact reference first, so every other route compares with it
         routes.sort(key=lambda r: r != REFERENCE_ROUTE)
         logits: dict[str, np.ndarray] = {}
         packages = {route: args.workdir / f"pkg-{name}-{route}" for route in routes}
         for route in routes:
-            model = args.workdir / CHECKPOINT if route in QUANTIZE_BESIDE else path
+            model = args.workdir / CHECKPOINT if route in FROM_CHECKPOINT else path
             entry["routes"][route] = {
                 "command": " ".join(["mobius build --model", model.name, *ROUTES[route]]),
                 **timed_export(model, packages[route], ROUTES[route]),
