@@ -70,6 +70,10 @@ Usage:
         --profile
     python benchmarks/investigations/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
         --routes ort,ort+int8 --repeats 1 --decode-tokens 3 --prompt-length 16   # smoke run
+    # a smoke run with llama.cpp: prompt 1 (its multi-token batches crash on tiny quantized files)
+    python benchmarks/investigations/bench_gguf.py --config tiny --types Q8_0,Q4_0 \
+        --routes ort,ort+int8,safetensors+ort,quantize-int8+int8,quantize-int4+int8 \
+        --repeats 1 --decode-tokens 3 --prompt-length 1
     # docs/cpu_routes.md's table, every row in one run (a quiet machine)
     python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_cpu_routes --threads 2 \
         --types Q8_0,Q4_0,Q4_K_M,IQ2_XXS,MXFP4_MOE,NVFP4 --rounds 3 --decode-tokens 32 \
@@ -447,11 +451,15 @@ def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Na
 
 def run_llamacpp(path: Path, args: argparse.Namespace) -> dict:
     """llamacpp_timed_with_logits in a fresh process (--llamacpp-child), as every route runs:
-    its RSS is llama.cpp's own, not this process's (which holds the model it wrote)."""
+    its RSS is llama.cpp's own, not this process's (which holds the model it wrote). A crash
+    is recorded as {"error": ...} and the run goes on (this build of llama.cpp segfaults on
+    multi-token batches of the tiny config's quantized files)."""
     cmd = [sys.executable, __file__, "--llamacpp-child", str(path), "--threads", str(args.threads)]
     cmd += ["--prompt-length", str(args.prompt_length), "--decode-tokens", str(args.decode_tokens)]
     cmd += ["--repeats", str(args.repeats), "--workdir", str(args.workdir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        return {"error": f"llama.cpp exited with {proc.returncode}: {proc.stderr[-400:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -587,7 +595,11 @@ def main() -> None:
                     logits[route], entry["routes"][route]["tokens"], *source
                 )
             print(name, route, json.dumps(entry["routes"][route]), flush=True)
-        if not args.without_llamacpp:
+        failed = [run for run in rounds.get(LLAMACPP, []) if "error" in run]
+        if failed:
+            entry["llamacpp"] = {"error": failed[0]["error"]}
+            print(name, "llama.cpp", failed[0]["error"], flush=True)
+        elif not args.without_llamacpp:
             entry["llamacpp"] = median_of_rounds(rounds[LLAMACPP])
             llamacpp_logits = np.load(args.workdir / "llamacpp-logits.npy")
             if REFERENCE_ROUTE in logits:
