@@ -70,10 +70,10 @@ Usage:
         --profile
     python benchmarks/investigations/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
         --routes ort,ort+int8 --repeats 1 --decode-tokens 3 --prompt-length 16   # smoke run
-    # a smoke run with llama.cpp: prompt 1 (its multi-token batches crash on tiny quantized files)
+    # a smoke run with llama.cpp (--llamacpp-no-extra-bufts where its batches crash)
     python benchmarks/investigations/bench_gguf.py --config tiny --types Q8_0,Q4_0 \
         --routes ort,ort+int8,safetensors+ort,quantize-int8+int8,quantize-int4+int8 \
-        --repeats 1 --decode-tokens 3 --prompt-length 1
+        --repeats 1 --decode-tokens 3 --prompt-length 16 --llamacpp-no-extra-bufts
     # docs/cpu_routes.md's table, every row in one run (a quiet machine)
     python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_cpu_routes --threads 2 \
         --types Q8_0,Q4_0,Q4_K_M,IQ2_XXS,MXFP4_MOE,NVFP4 --rounds 3 --decode-tokens 32 \
@@ -408,6 +408,17 @@ def run_ort(package: Path, args: argparse.Namespace, logits_out: Path) -> dict:
 def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> dict:
     import llama_cpp
 
+    if args.llamacpp_no_extra_bufts:  # Llama() takes its model params from this function
+        import llama_cpp.llama_cpp as binding
+
+        defaults = binding.llama_model_default_params
+
+        def without_extra_bufts() -> Any:
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        binding.llama_model_default_params = without_extra_bufts
     before = rss_mib()
     start = time.perf_counter()
     llm = llama_cpp.Llama(
@@ -442,6 +453,7 @@ def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Na
     return {
         "load_s": loaded,
         "load_rss_mib": load_rss,
+        "use_extra_bufts": bool(llm.model_params.use_extra_bufts),
         "prefill_ms": prefill_s * 1e3,
         "decode_ms_per_token": statistics.median(steps[1:]) * 1e3,
         "peak_rss_mib": peak_rss_mib(),
@@ -452,11 +464,13 @@ def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Na
 def run_llamacpp(path: Path, args: argparse.Namespace) -> dict:
     """llamacpp_timed_with_logits in a fresh process (--llamacpp-child), as every route runs:
     its RSS is llama.cpp's own, not this process's (which holds the model it wrote). A crash
-    is recorded as {"error": ...} and the run goes on (this build of llama.cpp segfaults on
-    multi-token batches of the tiny config's quantized files)."""
+    is recorded as {"error": ...} and the run goes on (llama-cpp-python 0.3.36 built here
+    segfaults on multi-token batches of Q8_0 / Q4_0 files, tiny and mid, unless
+    --llamacpp-no-extra-bufts)."""
     cmd = [sys.executable, __file__, "--llamacpp-child", str(path), "--threads", str(args.threads)]
     cmd += ["--prompt-length", str(args.prompt_length), "--decode-tokens", str(args.decode_tokens)]
     cmd += ["--repeats", str(args.repeats), "--workdir", str(args.workdir)]
+    cmd += ["--llamacpp-no-extra-bufts"] if args.llamacpp_no_extra_bufts else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         return {"error": f"llama.cpp exited with {proc.returncode}: {proc.stderr[-400:]}"}
@@ -500,6 +514,12 @@ def main() -> None:
         "--without-llamacpp",
         action="store_true",
         help="no llama.cpp side (Q8_0 written by gguf-py, Q4_K_M skipped): smoke runs only",
+    )
+    parser.add_argument(
+        "--llamacpp-no-extra-bufts",
+        action="store_true",
+        help="llama.cpp without its extra CPU buffer types (use_extra_bufts=False: no repacked "
+        "or AMX copies of the weights): where its batches crash (a llama.cpp error in the JSON)",
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
