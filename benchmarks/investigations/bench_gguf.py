@@ -1,8 +1,12 @@
 r"""GGUF export benchmark (issue 10): the mid nemotron_h_moe model as F32, Q8_0, Q4_K_M and
 IQ2_XXS GGUF (and, with --types, llama.cpp's MXFP4_MOE / TQ1_0 / TQ2_0 / Q1_0 presets, and
 NVFP4: every projection as the converter writes a ModelOpt NVFP4 checkpoint, with its `.scale`
-sidecars, Q8_0 elsewhere; issue 28 compares its int8 route with llama.cpp on the Q8_0 file),
-exported per weight route and run on onnxruntime CPU next to llama.cpp.
+sidecars, Q8_0 elsewhere; issue 28 compares its int8 route with llama.cpp on the Q8_0 file;
+and Q4_0: llama.cpp's `--pure` Q4_0), exported per weight route and run on onnxruntime CPU next
+to llama.cpp; with the safetensors+ort and quantize-* routes (issue 28), also the same model
+as a safetensors checkpoint built plain or with `mobius build --quantize TYPE`, timed next to
+llama.cpp on its own F32 / Q4_0 / Q8_0 file of those weights (docs/cpu_routes.md is the
+table these runs fill).
 
 One run:
   1. builds common.py (MID)'s mid config without its dense MLP layers (llama.cpp builds every
@@ -11,18 +15,26 @@ One run:
      llama.cpp's own quantizer to Q8_0 and Q4_K_M (the presets, fallbacks included); IQ2_XXS
      needs an importance matrix in llama.cpp, so that file is written by the fixtures (random
      valid IQ2_XXS blocks, IQ4_NL / F16 where rows do not hold whole 256-element blocks);
+     with a route built from the checkpoint, the same model also as a safetensors checkpoint
+     (save_pretrained, F32: the source of `--quantize`);
   2. per file and route (standard, ort = --backend ort, --dequantize, and --dequantize with
      --backend ort; F32 files have no packed weights: standard and ort only): `mobius build`
-     wall time and peak RSS (/usr/bin/time -v), package weight bytes,
-     then in a fresh process: session creation time, prefill of --prompt-length tokens and
-     decode ms/token (medians), and that process's peak RSS;
-  3. llama.cpp (llama_cpp.Llama) on the same file with the same thread count: load time,
-     prefill and decode ms/token. With --rounds N every route's process and llama.cpp run N
-     times, in rotating order, after all of the file's exports (synced to disk); medians.
+     wall time and peak RSS (/usr/bin/time -v), package weight bytes and package bytes (every
+     file of the package), then in a fresh process: session creation time and the RSS it
+     added (session_rss_mib), prefill of --prompt-length tokens and decode ms/token
+     (medians), and that process's peak RSS;
+  3. llama.cpp (llama_cpp.Llama) on the same file with the same thread count, in a fresh
+     process too: load time and the RSS it added (load_rss_mib), prefill and decode
+     ms/token, that process's peak RSS; the file's bytes (file_bytes). With --rounds N every
+     route's process and llama.cpp run N times, in rotating order, after all of the file's
+     exports (synced to disk); medians.
   4. accuracy beside speed (issue 22): every route's greedy tokens and logits against the
-     exact `ort` route of the same file (the f32 reference on the same weights): prefill
-     last-position NRMSE / cosine, tokens equal, and at the first disagreement the exact
-     route's top-2 logit margin; llama.cpp's tokens and logits the same way.
+     exact `ort` route of the same file (the f32 reference on the same weights; for a route
+     built from the checkpoint, on the llama.cpp file's weights): prefill last-position NRMSE
+     / cosine, tokens equal, and at the first disagreement the exact route's top-2 logit margin
+     (vs_exact_ort); and the same against the source, the F32 file's `ort` route
+     (vs_source: the error of the quantization and the kernels together); llama.cpp's tokens
+     and logits both ways.
 
 Routes (--routes, comma-separated; F32 files have no packed weights, so only the ones marked *):
   standard*          mobius build (standard ONNX ops)
@@ -32,6 +44,18 @@ Routes (--routes, comma-separated; F32 files have no packed weights, so only the
   ort+exact-fused*   --backend ort --activations exact-fused (MatMulNBits at accuracy 0 over the
                      exact re-layouts, experts on MoE / QMoE in the SwiGLU form of ReLU^2)
   ort+int8           --backend ort --activations int8 (int8 activations, llama.cpp's accuracy)
+Built from the safetensors checkpoint (with `--quantize`: docs/quantize.md), each beside
+llama.cpp on the file named (which must be in --types; F32 always is):
+  safetensors+ort*   --backend ort (the plain f32 build of the source)                 (F32)
+  quantize-q8_0+int8 --quantize q8_0 --backend ort --activations int8          (Q8_0)
+  quantize-q4_0+ort  --quantize q4_0 --backend ort                             (Q4_0)
+  quantize-q4_0+int8 --quantize q4_0 --backend ort --activations int8          (Q4_0)
+  quantize-int8+ort  --quantize int8 --backend ort   (onnxruntime-genai style)  (Q8_0)
+  quantize-int8+int8 --quantize int8 --backend ort --activations int8          (Q8_0)
+  quantize-int4+ort  --quantize int4 --backend ort                             (Q4_0)
+  quantize-int4+exact-fused  --quantize int4 --backend ort --activations exact-fused
+                     (int4 experts on QMoE at f32 activations)                  (Q4_0)
+  quantize-int4+int8 --quantize int4 --backend ort --activations int8          (Q4_0)
 
 --profile adds onnxruntime's per-node profile of the decode steps (SessionOptions.
 enable_profiling; exclusive kernel time by op type, by layer kind / op, and the MoE layers'
@@ -46,6 +70,17 @@ Usage:
         --profile
     python benchmarks/investigations/bench_gguf.py --config tiny --without-llamacpp --types Q8_0 \
         --routes ort,ort+int8 --repeats 1 --decode-tokens 3 --prompt-length 16   # smoke run
+    # a smoke run with llama.cpp (--llamacpp-no-extra-bufts where its batches crash)
+    python benchmarks/investigations/bench_gguf.py --config tiny --types Q8_0,Q4_0 \
+        --routes ort,ort+int8,safetensors+ort,quantize-int8+int8,quantize-int4+int8 \
+        --repeats 1 --decode-tokens 3 --prompt-length 16 --llamacpp-no-extra-bufts
+    # docs/cpu_routes.md's table, every row in one run (a quiet machine)
+    python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_cpu_routes --threads 2 \
+        --types Q8_0,Q4_0,Q4_K_M,IQ2_XXS,MXFP4_MOE,NVFP4 --rounds 3 --decode-tokens 32 \
+        --routes ort,ort+int8,safetensors+ort,quantize-q8_0+int8,quantize-q4_0+ort,\
+quantize-q4_0+int8,quantize-int8+ort,quantize-int8+int8,quantize-int4+ort,\
+quantize-int4+exact-fused,quantize-int4+int8 \
+        --json benchmarks/investigations/runs/bench_cpu_routes.json
 """
 
 from __future__ import annotations
@@ -79,9 +114,27 @@ ROUTES: dict[str, list[str]] = {
     "dequantize+ort": ["--dequantize", "--backend", "ort"],
     "ort+exact-fused": ["--backend", "ort", "--activations", "exact-fused"],
     "ort+int8": ["--backend", "ort", "--activations", "int8"],
+    "safetensors+ort": ["--backend", "ort"],
+    "quantize-q8_0+int8": ["--quantize", "q8_0", "--backend", "ort", "--activations", "int8"],
+    "quantize-q4_0+ort": ["--quantize", "q4_0", "--backend", "ort"],
+    "quantize-q4_0+int8": ["--quantize", "q4_0", "--backend", "ort", "--activations", "int8"],
+    "quantize-int8+ort": ["--quantize", "int8", "--backend", "ort"],
+    "quantize-int8+int8": ["--quantize", "int8", "--backend", "ort", "--activations", "int8"],
+    "quantize-int4+ort": ["--quantize", "int4", "--backend", "ort"],
+    "quantize-int4+exact-fused": ["--quantize", "int4", "--backend", "ort"]
+    + ["--activations", "exact-fused"],
+    "quantize-int4+int8": ["--quantize", "int4", "--backend", "ort", "--activations", "int8"],
 }
-F32_ROUTES = ("standard", "ort", "ort+exact-fused")
+F32_ROUTES = ("standard", "ort", "ort+exact-fused", "safetensors+ort")
 REFERENCE_ROUTE = "ort"
+SOURCE_FILE = "F32"  # its REFERENCE_ROUTE is the source's logits (vs_source)
+# the routes built from the safetensors checkpoint, each timed beside llama.cpp on this file
+FROM_CHECKPOINT = {"safetensors+ort": "F32"} | {
+    route: "Q8_0" if flags[1] in ("q8_0", "int8") else "Q4_0"
+    for route, flags in ROUTES.items()
+    if route.startswith("quantize-")
+}
+CHECKPOINT = "mid-safetensors"  # the checkpoint directory in the workdir
 
 PATTERN = "ME*MEME*ME"
 KINDS = {"M": "mamba", "E": "moe", "*": "attention"}
@@ -92,10 +145,16 @@ def mid_moe(size: str = "mid") -> dict[str, Any]:
 
 
 def write_files(
-    workdir: Path, names: list[str], size: str = "mid", llamacpp: bool = True
+    workdir: Path,
+    names: list[str],
+    size: str = "mid",
+    llamacpp: bool = True,
+    checkpoint: bool = False,
 ) -> dict[str, Path]:
-    """The F32 file and its quantizations; without llama.cpp, Q8_0 is gguf-py's quantization
-    (the same block definition) and Q4_K_M is skipped (it needs llama.cpp's quantizer)."""
+    """The F32 file and its quantizations (and with `checkpoint`, the safetensors checkpoint
+    of the same model at workdir / CHECKPOINT); without llama.cpp, Q8_0 and Q4_0 are gguf-py's
+    quantizations (the same block definitions, bit for bit) and Q4_K_M is skipped (it needs
+    llama.cpp's quantizer)."""
     import torch
 
     from reference_fixtures.gguf_fixtures import build_bpe_tokenizer, write_gguf
@@ -112,12 +171,14 @@ def write_files(
         workdir / "mid-F32.gguf", model, "nemotron_h_moe", {}, tokenizer, special_tokens=special
     )[0]
     files = {"F32": f32}
+    if checkpoint:
+        model.save_pretrained(workdir / CHECKPOINT)
     ftypes = {}
     if llamacpp:
         import llama_cpp
 
         # the presets; issue 20's FP4 / ternary / 1-bit file types where the binding has them
-        presets = ("Q8_0", "Q4_K_M", "MXFP4_MOE", "TQ1_0", "TQ2_0", "Q1_0")
+        presets = ("Q8_0", "Q4_0", "Q4_K_M", "MXFP4_MOE", "TQ1_0", "TQ2_0", "Q1_0")
         ftypes = {
             name: getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}")
             for name in presets
@@ -125,12 +186,14 @@ def write_files(
         }
     for name in names:
         out = workdir / f"mid-{name}.gguf"
-        if name == "Q8_0" and not llamacpp:
-            types = {r"\.weight$": "Q8_0"}
+        if name in ("Q8_0", "Q4_0") and not llamacpp:
+            types = {r"\.weight$": name}
             write_gguf(out, model, "nemotron_h_moe", types, tokenizer, special_tokens=special)
         elif name in ftypes:
             params = llama_cpp.llama_model_quantize_default_params()
             params.ftype, params.nthread = ftypes[name], 2
+            # Q4_0 as llama-quantize --pure: the file `--quantize q4_0` equals (docs/quantize.md)
+            params.pure = name == "Q4_0"
             if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params):
                 raise RuntimeError(f"llama.cpp could not quantize to {name}")
         elif name == "IQ2_XXS":
@@ -188,7 +251,16 @@ def gguf_facts(path: Path) -> dict[str, Any]:
     mix: dict[str, int] = {}
     for t in tensors:
         mix[t.tensor_type.name] = mix.get(t.tensor_type.name, 0) + int(t.n_bytes)
-    return {"tensor_bytes": sum(int(t.n_bytes) for t in tensors), "bytes_by_type": mix}
+    return {
+        "file_bytes": path.stat().st_size,
+        "tensor_bytes": sum(int(t.n_bytes) for t in tensors),
+        "bytes_by_type": mix,
+    }
+
+
+def directory_bytes(path: Path) -> int:
+    """Every file's bytes under `path` (a package: graphs, external data, manifest)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def rss_mib() -> float:
@@ -336,12 +408,25 @@ def run_ort(package: Path, args: argparse.Namespace, logits_out: Path) -> dict:
 def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Namespace) -> dict:
     import llama_cpp
 
+    if args.llamacpp_no_extra_bufts:  # Llama() takes its model params from this function
+        import llama_cpp.llama_cpp as binding
+
+        defaults = binding.llama_model_default_params
+
+        def without_extra_bufts() -> Any:
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        binding.llama_model_default_params = without_extra_bufts
+    before = rss_mib()
     start = time.perf_counter()
     llm = llama_cpp.Llama(
         model_path=str(path), n_ctx=512, n_batch=512, n_threads=args.threads,
         n_threads_batch=args.threads, verbose=False,
     )  # fmt: skip
     loaded = time.perf_counter() - start
+    load_rss = rss_mib() - before
     ids = [int(t) for t in prompt[0]]
 
     def prefill():
@@ -367,10 +452,29 @@ def llamacpp_timed_with_logits(path: Path, prompt: np.ndarray, args: argparse.Na
     np.save(args.workdir / "llamacpp-logits.npy", np.stack(logits))
     return {
         "load_s": loaded,
+        "load_rss_mib": load_rss,
+        "use_extra_bufts": bool(llm.model_params.use_extra_bufts),
         "prefill_ms": prefill_s * 1e3,
         "decode_ms_per_token": statistics.median(steps[1:]) * 1e3,
+        "peak_rss_mib": peak_rss_mib(),
         "tokens": tokens,
     }
+
+
+def run_llamacpp(path: Path, args: argparse.Namespace) -> dict:
+    """llamacpp_timed_with_logits in a fresh process (--llamacpp-child), as every route runs:
+    its RSS is llama.cpp's own, not this process's (which holds the model it wrote). A crash
+    is recorded as {"error": ...} and the run goes on (llama-cpp-python 0.3.36 built here
+    segfaults on multi-token batches of Q8_0 / Q4_0 files, tiny and mid, unless
+    --llamacpp-no-extra-bufts)."""
+    cmd = [sys.executable, __file__, "--llamacpp-child", str(path), "--threads", str(args.threads)]
+    cmd += ["--prompt-length", str(args.prompt_length), "--decode-tokens", str(args.decode_tokens)]
+    cmd += ["--repeats", str(args.repeats), "--workdir", str(args.workdir)]
+    cmd += ["--llamacpp-no-extra-bufts"] if args.llamacpp_no_extra_bufts else []
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        return {"error": f"llama.cpp exited with {proc.returncode}: {proc.stderr[-400:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -411,9 +515,16 @@ def main() -> None:
         action="store_true",
         help="no llama.cpp side (Q8_0 written by gguf-py, Q4_K_M skipped): smoke runs only",
     )
+    parser.add_argument(
+        "--llamacpp-no-extra-bufts",
+        action="store_true",
+        help="llama.cpp without its extra CPU buffer types (use_extra_bufts=False: no repacked "
+        "or AMX copies of the weights): where its batches crash (a llama.cpp error in the JSON)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--logits-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--llamacpp-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     prompt = np.random.default_rng(0).integers(3, 400, size=(1, args.prompt_length))
     if args.child is not None:
@@ -428,12 +539,21 @@ def main() -> None:
         )
         print(json.dumps(result))
         return
+    if args.llamacpp_child is not None:
+        print(json.dumps(llamacpp_timed_with_logits(args.llamacpp_child, prompt, args)))
+        return
 
-    unknown = set(filter(None, args.routes.split(","))) - set(ROUTES)
+    asked = set(filter(None, args.routes.split(",")))
+    unknown = asked - set(ROUTES)
     if unknown:
         parser.error(f"unknown routes {sorted(unknown)}; choose from {', '.join(ROUTES)}")
+    types = args.types.split(",")
+    for route in sorted(asked & set(FROM_CHECKPOINT)):
+        if FROM_CHECKPOINT[route] not in (SOURCE_FILE, *types):
+            parser.error(f"{route} is timed beside {FROM_CHECKPOINT[route]}: add it to --types")
+    checkpoint = bool(asked & set(FROM_CHECKPOINT))
     claim_workdir(args.workdir)
-    files = write_files(args.workdir, args.types.split(","), args.config, not args.without_llamacpp)
+    files = write_files(args.workdir, types, args.config, not args.without_llamacpp, checkpoint)
     results: dict[str, Any] = {
         "command": " ".join(["python benchmarks/investigations/bench_gguf.py", *sys.argv[1:]]),
         "config": f"{args.config} without dense MLP layers ({PATTERN}), nemotron_h_moe",
@@ -443,19 +563,28 @@ def main() -> None:
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
         "files": {},
     }
+    source: tuple[np.ndarray, list[int]] | None = None  # the F32 file's ort logits and tokens
     for name, path in files.items():
         entry: dict[str, Any] = {**gguf_facts(path), "routes": {}}
         default = list(ROUTES)[:4]
         wanted = set(args.routes.split(",")) if args.routes else set(default)
-        routes = [r for r in ROUTES if r in wanted and (name != "F32" or r in F32_ROUTES)]
+        routes = [
+            r
+            for r in ROUTES
+            if r in wanted
+            and (name != "F32" or r in F32_ROUTES)
+            and FROM_CHECKPOINT.get(r, name) == name
+        ]
         # the exact reference first, so every other route compares with it
         routes.sort(key=lambda r: r != REFERENCE_ROUTE)
         logits: dict[str, np.ndarray] = {}
         packages = {route: args.workdir / f"pkg-{name}-{route}" for route in routes}
         for route in routes:
+            model = args.workdir / CHECKPOINT if route in FROM_CHECKPOINT else path
             entry["routes"][route] = {
-                "command": " ".join(["mobius build --model", path.name, *ROUTES[route]]),
-                **timed_export(path, packages[route], ROUTES[route]),
+                "command": " ".join(["mobius build --model", model.name, *ROUTES[route]]),
+                **timed_export(model, packages[route], ROUTES[route]),
+                "package_bytes": directory_bytes(packages[route]),
             }
         os.sync()  # the exports' pages reach the disk before any timing starts
         sides = [*routes, *([] if args.without_llamacpp else [LLAMACPP])]
@@ -463,12 +592,14 @@ def main() -> None:
         for index in range(args.rounds):
             for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
                 if side == LLAMACPP:
-                    run = llamacpp_timed_with_logits(path, prompt, args)
+                    run = run_llamacpp(path, args)
                 else:
                     out = args.workdir / f"logits-{name}-{side}.npy"
                     run = run_ort(packages[side], args, out)
                     logits.setdefault(side, np.load(out))
                 rounds[side].append({**run, "load_1min": os.getloadavg()[0]})
+        if name == SOURCE_FILE and REFERENCE_ROUTE in logits:
+            source = logits[REFERENCE_ROUTE], rounds[REFERENCE_ROUTE][0]["tokens"]
         for route in routes:
             entry["routes"][route].update(median_of_rounds(rounds[route]))
             shutil.rmtree(packages[route])
@@ -479,15 +610,28 @@ def main() -> None:
                     logits[REFERENCE_ROUTE],
                     entry["routes"][REFERENCE_ROUTE]["tokens"],
                 )
+            if source is not None and (name, route) != (SOURCE_FILE, REFERENCE_ROUTE):
+                entry["routes"][route]["vs_source"] = compare_to_reference(
+                    logits[route], entry["routes"][route]["tokens"], *source
+                )
             print(name, route, json.dumps(entry["routes"][route]), flush=True)
-        if not args.without_llamacpp:
+        failed = [run for run in rounds.get(LLAMACPP, []) if "error" in run]
+        if failed:
+            entry["llamacpp"] = {"error": failed[0]["error"]}
+            print(name, "llama.cpp", failed[0]["error"], flush=True)
+        elif not args.without_llamacpp:
             entry["llamacpp"] = median_of_rounds(rounds[LLAMACPP])
+            llamacpp_logits = np.load(args.workdir / "llamacpp-logits.npy")
             if REFERENCE_ROUTE in logits:
                 entry["llamacpp"]["vs_exact_ort"] = compare_to_reference(
-                    np.load(args.workdir / "llamacpp-logits.npy"),
+                    llamacpp_logits,
                     entry["llamacpp"]["tokens"],
                     logits[REFERENCE_ROUTE],
                     entry["routes"][REFERENCE_ROUTE]["tokens"],
+                )
+            if source is not None:
+                entry["llamacpp"]["vs_source"] = compare_to_reference(
+                    llamacpp_logits, entry["llamacpp"]["tokens"], *source
                 )
             print(name, "llama.cpp", json.dumps(entry["llamacpp"]), flush=True)
         results["files"][name] = entry
