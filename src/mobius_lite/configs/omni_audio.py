@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mobius_lite.configs.values import omni_text_config
 from mobius_lite.errors import ConfigError
 
 ACTIVATIONS = ("silu", "swish", "relu", "gelu", "gelu_pytorch_tanh")  # hidden_act values
@@ -139,9 +140,7 @@ class OmniAudioConfig:
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> OmniAudioConfig:
         """Validate the audio fields of an Omni config dict; errors name the field."""
-        text = config.get("text_config", config.get("llm_config"))
-        if not isinstance(text, Mapping):
-            raise ConfigError("text_config (or llm_config) is missing")
+        text = omni_text_config(config)
         audio = config.get("audio_config")
         if audio is None:
             audio = config.get("sound_config")

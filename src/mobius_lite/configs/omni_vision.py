@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mobius_lite.configs.values import omni_text_config
 from mobius_lite.errors import ConfigError
 
 # hidden_act spellings -> the ONNX Gelu approximation attribute (components/radio.py)
@@ -97,9 +98,7 @@ class OmniVisionConfig:
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> OmniVisionConfig:
         """Validate the fields of an Omni config dict; errors name the field."""
-        text = config.get("text_config", config.get("llm_config"))
-        if not isinstance(text, Mapping):
-            raise ConfigError("text_config (or llm_config) is missing")
+        text = omni_text_config(config)
         temporal = int(config.get("video_temporal_patch_size", 2))
         radio = RadioSpec.from_dict(config.get("vision_config") or {}, temporal)
         if radio.video_temporal_patch_size != temporal:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from mobius_lite.errors import ConfigError
@@ -38,3 +39,11 @@ def require_positive_int(value: Any, field: str) -> int:
 def require_divides(numerator: int, denominator: int, what: str) -> None:
     if denominator <= 0 or numerator % denominator:
         raise ConfigError(f"{what}: {numerator} is not divisible by {denominator}")
+
+
+def omni_text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An Omni config's language-model section (text_config, or the legacy llm_config)."""
+    text = config.get("text_config", config.get("llm_config"))
+    if not isinstance(text, Mapping):
+        raise ConfigError("text_config (or llm_config) is missing")
+    return text
