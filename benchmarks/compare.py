@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def given_packages(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     """Each --package as a peer named by its folder; the first is the reference."""
-    from mobius_lite.bench.package_peer import package_peer
+    from mobius_lite.bench.peers import package_peer
     from mobius_lite.run.package_reader import open_package
 
     peers = []
@@ -88,7 +88,7 @@ def written_model(args: argparse.Namespace, facts: dict[str, Any]) -> tuple[Any,
     """The mid checkpoint, its package (and GGUF) in the workdir; the package peer and the
     peers asked for."""
     from mobius_lite.bench.llamacpp_peer import LlamaCppPeer, check_gguf
-    from mobius_lite.bench.package_peer import package_peer
+    from mobius_lite.bench.peers import package_peer
     from mobius_lite.bench.transformers_peer import TransformersPeer
     from mobius_lite.run.package_reader import open_package
 

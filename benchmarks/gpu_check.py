@@ -392,7 +392,7 @@ def check_speed(run: Run, dtype: str) -> str:
     import os
 
     from mobius_lite.bench import BenchSettings, run_bench
-    from mobius_lite.bench.package_peer import package_peer
+    from mobius_lite.bench.peers import package_peer
     from mobius_lite.run.package_reader import open_package
 
     kind = "speed-tiny" if run.dry_run else "speed-mid"
