@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mobius_lite.formats.quantize.rounding import round_half_away
+
 BLOCK = 32
 
 
@@ -26,20 +28,11 @@ def _inverse(d: np.ndarray) -> np.ndarray:
     return out
 
 
-def _round_half_away(x: np.ndarray) -> np.ndarray:
-    """C's roundf: halves go away from zero (numpy's round goes to even)."""
-    magnitude = np.abs(x)
-    whole = np.floor(magnitude)
-    # the fraction is exact in float32, so comparing it never rounds (|x| + 0.5 would)
-    rounded = np.where(magnitude - whole >= np.float32(0.5), whole + 1, whole)
-    return np.copysign(rounded, x)
-
-
 def quantize_q8_0(blocks: np.ndarray) -> np.ndarray:
     """float32 [n, 32] -> Q8_0 blocks uint8 [n, 34]."""
     x = np.asarray(blocks, dtype=np.float32)
     d = (np.max(np.abs(x), axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
-    codes = _round_half_away(x * _inverse(d)).astype(np.int8)
+    codes = round_half_away(x * _inverse(d)).astype(np.int8)
     out = np.empty((len(x), 34), dtype=np.uint8)
     out[:, :2] = d.astype(np.float16).view(np.uint8)
     out[:, 2:] = codes.view(np.uint8)

@@ -29,18 +29,11 @@ from mobius_lite.formats.dense import DenseStorage
 from mobius_lite.formats.parts import CodeLayout, Operand, PartOf
 from mobius_lite.formats.quantize.nbits_weight import NBitsBlocks, NBitsWeight
 from mobius_lite.formats.quantize.recipe import Recipe
+from mobius_lite.formats.quantize.rounding import round_half_away
 from mobius_lite.formats.storage import Bytes, Conversion, Storage
 from mobius_lite.formats.weight import WeightFormat
 
 PARTS = ("b", "scales", "zero_points")
-
-
-def _roundf(x: np.ndarray) -> np.ndarray:
-    """C's roundf (halves away from zero), exact in float32."""
-    magnitude = np.abs(x)
-    whole = np.floor(magnitude)
-    rounded = np.where(magnitude - whole >= np.float32(0.5), whole + 1, whole)
-    return np.copysign(rounded, x)
 
 
 def quantize_blocks(
@@ -61,8 +54,8 @@ def quantize_blocks(
     inverse = np.zeros_like(scale)
     np.divide(np.float32(1), scale, out=inverse, where=scale != 0)
     if not symmetric:
-        zero = np.clip(_roundf(-low * inverse), 0, top).astype(np.float32)
-    codes = np.clip(_roundf(x * inverse[..., None] + zero[..., None]), 0, top)
+        zero = np.clip(round_half_away(-low * inverse), 0, top).astype(np.float32)
+    codes = np.clip(round_half_away(x * inverse[..., None] + zero[..., None]), 0, top)
     return codes.astype(np.uint8), scale, zero.astype(np.uint8)
 
 
