@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import enum
+from typing import TypeVar
+
 
 class MobiusError(Exception):
     """Base class: a user-facing problem; the CLI prints it without a traceback."""
@@ -35,3 +38,20 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
+
+
+Choice = TypeVar("Choice", bound=enum.Enum)
+
+
+def parse_choice(kind: type[Choice], value: Choice | str, what: str) -> Choice:
+    """`value` as a member of the string enum `kind` (case-insensitive), or one RouteError
+    naming `what`, the value and every choice."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(str(value).lower())
+    except ValueError:
+        raise RouteError(
+            f"{what} {value!r} is not supported; choose one of "
+            f"{', '.join(str(c.value) for c in kind)}"
+        ) from None

@@ -13,7 +13,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.enums import Activations, Backend, DraftHead, Precision
-from mobius_lite.errors import RouteError
+from mobius_lite.errors import RouteError, parse_choice
 from mobius_lite.formats.dense import Cast
 from mobius_lite.listing import format_names
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
@@ -100,15 +100,7 @@ def check_graph_kernels(models: Iterable[ir.Model], provider: str) -> None:
 
 def parse_backend(value: Backend | str) -> Backend:
     """--weights-backend standard | ort."""
-    if isinstance(value, Backend):
-        return value
-    try:
-        return Backend(str(value).lower())
-    except ValueError:
-        raise RouteError(
-            f"weights backend {value!r} is not supported; choose one of "
-            f"{', '.join(b.value for b in Backend)}"
-        ) from None
+    return parse_choice(Backend, value, "weights backend")
 
 
 def check_activations(
@@ -116,13 +108,7 @@ def check_activations(
 ) -> Activations:
     """--activations exact | exact-fused | int8: the fused modes are onnxruntime CPU kernels
     (com.microsoft MatMulNBits / MoE / QMoE) on f32 activations."""
-    try:
-        mode = value if isinstance(value, Activations) else Activations(str(value).lower())
-    except ValueError:
-        raise RouteError(
-            f"activations {value!r} is not supported; choose one of "
-            f"{', '.join(a.value for a in Activations)}"
-        ) from None
+    mode = parse_choice(Activations, value, "activations")
     if mode is Activations.EXACT:
         return mode
     needs, keywords = [], []
@@ -151,13 +137,7 @@ def check_draft_head(
 ) -> DraftHead:
     """The MTP head's route, exact or fast: a fast head computes on onnxruntime's CPU
     int8-activation kernels (com.microsoft MatMulNBits / QMoE, f32 activations in and out)."""
-    try:
-        route = value if isinstance(value, DraftHead) else DraftHead(str(value).lower())
-    except ValueError:
-        raise RouteError(
-            f"draft head {value!r} is not supported; choose one of "
-            f"{', '.join(d.value for d in DraftHead)}"
-        ) from None
+    route = parse_choice(DraftHead, value, "draft head")
     if route is DraftHead.EXACT:
         return route
     needs = []

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from mobius_lite.errors import RouteError
+from mobius_lite.errors import RouteError, parse_choice
 from mobius_lite.formats.ggml.types import GGML_TYPES, GGMLType
 
 
@@ -36,15 +36,7 @@ class QuantType(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: QuantType | str) -> QuantType:
-        if isinstance(value, QuantType):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise RouteError(
-                f"quantization {value!r} is not supported; choose one of "
-                f"{', '.join(t.value for t in cls)}"
-            ) from None
+        return parse_choice(cls, value, "quantization")
 
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits block sizes the builder offers
