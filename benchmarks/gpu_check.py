@@ -238,7 +238,7 @@ def outputs(package: Path, providers: list[str], forced: list[int] | None = None
         prompt = omni.embed(prompt_ids(decoder.vocab_size))
         if GraphRole.VISION_ENCODER.value in files.graphs:
             session = create_session(files.graph(GraphRole.VISION_ENCODER), providers)
-            feeds = synthetic_inputs(omni.config.raw, None)[GraphRole.VISION_ENCODER]
+            feeds = synthetic_inputs(omni.config.vision_tower, None)[GraphRole.VISION_ENCODER]
             dtypes = input_dtypes(session)
             feeds = {k: v.astype(dtypes[k], copy=False) for k, v in feeds.items()}
             arrays["vision"] = session.run(None, feeds)[0].astype(np.float32).reshape(-1)

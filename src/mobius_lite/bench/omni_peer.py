@@ -10,6 +10,7 @@ import numpy as np
 
 from mobius_lite.bench.measure import Tick, Timed, timed_call
 from mobius_lite.bench.package_peer import argmax_last, session_options
+from mobius_lite.configs.omni_vision import OmniVisionConfig
 from mobius_lite.enums import GraphRole
 from mobius_lite.io_contract import (
     IMAGE_GRID_HW,
@@ -33,25 +34,24 @@ def _side(largest: int, patch: int, wanted: int) -> int:
     return max(2 * patch, side // (2 * patch) * 2 * patch)
 
 
-def synthetic_inputs(raw: dict[str, Any], mel_bins: int | None) -> dict[GraphRole, dict]:
-    """Random inputs of each encoder, sized from the package's config: one image of up to
-    512x512, a video of 8 frames of up to 256x256, a 10 s audio clip (100 mel frames a
+def synthetic_inputs(vision: OmniVisionConfig, mel_bins: int | None) -> dict[GraphRole, dict]:
+    """Random inputs of each encoder, sized from the package's parsed vision tower: one image
+    of up to 512x512, a video of 8 frames of up to 256x256, a 10 s audio clip (100 mel frames a
     second). Speed does not depend on the values; the sizes are in the peer's description."""
-    vision = raw.get("vision_config") or {}
-    patch = int(vision.get("patch_size", 16))
-    largest = int(vision.get("max_img_size", IMAGE_SIDE))
-    temporal = int(raw.get("video_temporal_patch_size", vision.get("video_temporal_patch_size", 2)))
+    radio = vision.radio
+    patch, largest = radio.patch_size, radio.max_grid * radio.patch_size
+    temporal = radio.video_temporal_patch_size or 2
     rng = np.random.default_rng(0)
     image, video = _side(largest, patch, IMAGE_SIDE), _side(largest, patch, VIDEO_SIDE)
     grid = image // patch
     inputs: dict[GraphRole, dict] = {
         GraphRole.VISION_ENCODER: {
-            PIXEL_VALUES: rng.standard_normal((grid * grid, 3 * patch * patch)),
+            PIXEL_VALUES: rng.standard_normal((grid * grid, radio.patch_dim)),
             IMAGE_GRID_HW: np.array([[grid, grid]], dtype=np.int64),
         },
         GraphRole.VIDEO_ENCODER: {
             PIXEL_VALUES_VIDEOS: rng.standard_normal(
-                (1, VIDEO_FRAMES // temporal, 3 * temporal, video, video)
+                (1, VIDEO_FRAMES // temporal, radio.num_channels * temporal, video, video)
             ),
         },
     }
@@ -97,7 +97,7 @@ class OmniPeer:
         options = session_options(self.threads)
         self.omni = OmniSession(self.files.directory, self.providers, options)
         mel_bins = self.omni.audio_mel_bins if GraphRole.AUDIO_ENCODER in self.roles else None
-        inputs = synthetic_inputs(self.omni.config.raw, mel_bins)
+        inputs = synthetic_inputs(self.omni.config.vision_tower, mel_bins)
         for role in self.roles:
             session = create_session(self.files.graph(role), self.providers, options)
             dtypes = input_dtypes(session)
