@@ -19,18 +19,21 @@ def expected_rate(a: float, k: int, d1: float, dk: float, h: float) -> float:
 
 def run_rounds(control: DraftController, right, rounds: int, d: dict, h: float) -> list[int]:
     """Drive `control` for `rounds` rounds whose drafts are right while right(i) holds (i:
-    the draft's index in its round); returns each round's K."""
+    the draft's index in its round; a probe's draft is index 0); returns each round's K,
+    -1 for a plain step that probed."""
     chosen = []
     for _ in range(rounds):
-        k = control.next_k()
-        chosen.append(k)
+        plan = control.next_round()
+        chosen.append(-1 if plan.probe else plan.k)
         accepted = 0
-        while accepted < k and right(accepted):
+        while accepted < plan.k and right(accepted):
             accepted += 1
-        control.observe_decoder(k + 1, d.get(k + 1, d[max(d)]))
-        if k:
+        control.observe_decoder(plan.k + 1, d.get(plan.k + 1, d[max(d)]))
+        if plan.k or plan.probe:
             control.observe_head(h)
-        control.observe_round(k, accepted)
+        control.observe_round(plan.k, accepted)
+        if plan.probe:
+            control.observe_probe(right(0))
     return chosen
 
 
@@ -49,29 +52,46 @@ def test_rate_is_the_expected_tokens_over_the_round_cost() -> None:
     assert control.rate(3) == pytest.approx(expected_rate(a, 3, 10.0, 13.0, 2.0))
 
 
-def test_first_plain_steps_then_k_max() -> None:
-    """Each call size's first call is a warm-up, not a measurement: two plain steps measure
-    D(1), two rounds at k_max the head and D(k_max + 1)."""
+def test_unmeasured_sizes_are_extrapolated_never_free() -> None:
+    """Beyond the largest measured call size D grows along the line through the two largest;
+    with only D(1) measured, by verify_slope x D(1) a position."""
+    control = DraftController(4, verify_slope=0.5)
+    control.decoder_seconds = {1: 10.0}
+    control.head_seconds = 0.0
+    control.accepted = 1.0
+    a = control.acceptance
+    assert control.rate(2) == pytest.approx(expected_rate(a, 2, 10.0, 20.0, 0.0))
+    control.decoder_seconds = {1: 10.0, 2: 12.0}
+    assert control.rate(4) == pytest.approx(expected_rate(a, 4, 10.0, 18.0, 0.0))
+
+
+def test_a_plain_step_then_a_probe_then_drafting() -> None:
+    """The first plain step measures D(1), the second probes the head (one draft checked
+    against the step's own choice, no verifying call); a right probe starts drafting, and K
+    grows to k_max as the measured sizes show the verifying calls cheap."""
     control = DraftController(3)
-    assert run_rounds(control, lambda i: True, 5, {1: 1.0, 4: 1.0}, 0.1) == [0, 0, 3, 3, 3]
+    chosen = run_rounds(control, lambda i: True, 12, {n: 1.0 + 0.05 * n for n in range(1, 5)}, 0.1)
+    assert chosen[:2] == [0, -1]
+    assert all(k > 0 for k in chosen[2:]) and chosen[-4:] == [3] * 4
+    assert chosen[2:] == sorted(chosen[2:])
 
 
 def test_a_drafter_always_right_and_cheap_keeps_k_max() -> None:
     control = DraftController(4)
     chosen = run_rounds(control, lambda i: True, 40, {n: 1.0 + 0.02 * n for n in range(1, 6)}, 0.05)
-    assert chosen[2:] == [4] * 38
+    assert chosen[-30:] == [4] * 30
 
 
-def test_a_drafter_always_wrong_falls_to_plain_steps_and_probes_less_often() -> None:
+def test_a_drafter_always_wrong_costs_only_probes_and_probes_less_often() -> None:
+    """A drafter always wrong never gets a verifying call: every round is a plain step, a
+    few of them probes, their waits doubling to the cap."""
     control = DraftController(4, probe=8, max_probe=64)
     d = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 6)}
     chosen = run_rounds(control, lambda i: False, 400, d, 0.3)
-    plain = chosen.count(0)
-    assert plain > 0.9 * len(chosen)
-    assert max(chosen[100:]) == 1  # after settling, only single-draft probes
-    probes = [i for i, k in enumerate(chosen) if k and i >= 100]
-    gaps = np.diff(probes)
-    assert len(probes) >= 3 and gaps.min() >= 64  # the wait doubled to its cap
+    assert set(chosen) == {0, -1}
+    probes = [i for i, k in enumerate(chosen) if k == -1]
+    assert probes[:4] == [1, 1 + 16 + 1, 1 + 16 + 1 + 32 + 1, 1 + 16 + 1 + 32 + 1 + 64 + 1]
+    assert np.diff(probes).max() == 64 + 1  # the wait doubled to its cap
 
 
 def test_a_costly_head_drafts_fewer() -> None:
@@ -84,26 +104,27 @@ def test_a_costly_head_drafts_fewer() -> None:
     control.head_seconds = 0.5
     control.accepted, control.rejected = 5.75, 3.75  # (5.75 + 0.25) / 10 = 0.6
     assert control.acceptance == pytest.approx(0.6)
-    assert control.next_k() == 1
+    assert control.next_round().k == 1
     control.head_seconds = 0.0
-    assert control.next_k() == 4
+    assert control.next_round().k == 4
 
 
 def test_k_never_exceeds_k_max() -> None:
     control = DraftController(2)
     chosen = run_rounds(control, lambda i: i % 2 == 0, 50, {1: 1.0, 2: 1.0, 3: 1.0}, 0.01)
-    assert set(chosen) <= {0, 1, 2}
+    assert set(chosen) <= {-1, 0, 1, 2}
 
 
 def test_one_stalled_call_does_not_decide() -> None:
-    """Call times are the median of the latest five of each size after its first: one
-    stall among them is outvoted."""
+    """Call times are the median of the latest five of each size; a size's first call (a
+    warm-up at a new shape) counts only until the second replaces it, and one stall among
+    the later ones is outvoted."""
     control = DraftController(4)
-    control.observe_decoder(1, 80.0)  # the warm-up call at a new size: not kept
-    assert 1 not in control.decoder_seconds
+    control.observe_decoder(1, 80.0)  # the warm-up call at a new size stands alone
+    assert control.decoder_seconds[1] == 80.0
     for seconds in (50.0, 1.0, 1.1, 0.9):
         control.observe_decoder(1, seconds)
-    assert control.decoder_seconds[1] == pytest.approx(1.05)
+    assert control.decoder_seconds[1] == pytest.approx(1.05)  # 80 dropped: 50, 1, 1.1, 0.9
     for seconds in (2.0,) * 6:
         control.observe_decoder(1, seconds)
     assert control.decoder_seconds[1] == 2.0  # only the latest five count

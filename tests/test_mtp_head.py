@@ -436,7 +436,7 @@ def test_lightning_speculation_keeps_the_greedy_tokens(tmp_path: Path) -> None:
     prompt = np.array([[5, 17, 33, 8, 61, 12]], dtype=np.int64)
     plain = greedy(DecoderSession(out / "model.onnx"), prompt, 12).tokens
     tokens, stats = speculative_greedy(
-        DecoderSession(out / "model.onnx"), open_head(out), prompt, 12, k=2
+        DecoderSession(out / "model.onnx"), open_head(out), prompt, 12, k=2, adaptive=False
     )
     assert tokens[0] == plain
     assert stats.as_dict()["proposed"] > 0
@@ -588,3 +588,31 @@ def test_gguf_latent_head_parity(tmp_path: Path) -> None:
         )
     assert len(comparisons) == 5 * 4
     assert not _failures(comparisons)
+
+
+def test_head_logits_to_keep_is_the_last_positions_logits(nemotron_h) -> None:
+    """A draft asks the head for the last position's logits only (run/speculative.py): the
+    same values as the last position of a full call (whose every position
+    test_safetensors_head_parity holds to the reference), with the same caches and hidden
+    states, at batch 2 and for a multi-position call."""
+    import numpy as np
+
+    from mobius_lite.run.mtp_head import open_head
+
+    config = NemotronHConfig.from_file(nemotron_h["checkpoint"])
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, config.vocab_size, size=(2, 6)).astype(np.int64)
+    hidden = rng.standard_normal((2, 6, config.hidden_size)).astype(np.float32)
+    mask = np.ones((2, 6), np.int64)
+    full, last = open_head(nemotron_h["out"]), open_head(nemotron_h["out"])
+    assert full.keeps_logits
+    for head in (full, last):
+        head.reset(2)
+    full_logits, full_hidden = full.step(ids, hidden, mask)
+    last_logits, last_hidden = last.step(ids, hidden, mask, logits_to_keep=1)
+    assert full_logits.shape == (2, 6, config.vocab_size)
+    assert last_logits.shape == (2, 1, config.vocab_size)
+    np.testing.assert_array_equal(last_logits[:, 0], full_logits[:, -1])
+    np.testing.assert_array_equal(last_hidden, full_hidden)
+    for name, value in full.past.items():
+        np.testing.assert_array_equal(last.past[name], value)

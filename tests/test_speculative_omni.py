@@ -44,7 +44,7 @@ def test_image_prompt_equals_plain_greedy(package, k: int) -> None:
     session = OmniSession(package)
     plain = session.generate(ids, media, NEW_TOKENS)
     plain_state = dict(session.decoder.past)
-    tokens, outputs, stats = session.generate_speculative(ids, media, NEW_TOKENS, k)
+    tokens, outputs, stats = session.generate_speculative(ids, media, NEW_TOKENS, k, adaptive=False)
     assert tokens == plain.tokens
     assert stats.proposed > 0 and len(outputs) >= stats.rounds + 1
     assert not state_failures(session.decoder.past, plain_state)
@@ -68,6 +68,7 @@ def test_left_padded_text_batch_equals_plain_greedy(package, k: int) -> None:
         attention_mask=mask,
         prompt_input=embeds,
         decoder_input=session.embed,
+        adaptive=False,
     )
     assert np.array_equal(np.array(tokens), plain)
     assert stats.proposed > 0

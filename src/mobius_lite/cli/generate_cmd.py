@@ -296,11 +296,13 @@ def _warn_if_inexact_verification(decoder_file: Path) -> None:
 
 def _report(stats) -> None:
     """What --speculative did, on stderr (stdout holds only the continuation): drafts and
-    acceptance, the K each round used (0: a plain step), and the calls made."""
+    acceptance, the K each round used (0: a plain step), the probes (plain steps that
+    checked one draft) and the calls made."""
     used = ", ".join(f"K={k} x{n}" for k, n in sorted(stats.k_rounds.items()))
     print(
         f"speculative: {stats.proposed} drafts proposed, {stats.accepted} accepted "
         f"({100 * stats.acceptance_rate:.1f}%) in {stats.rounds} rounds ({used}); "
+        f"{stats.probes} probes, {stats.probes_right} right; "
         f"{stats.decoder_calls} decoder calls ({stats.rewinds} rounds cut back from the "
         f"verifying call, {stats.rollbacks} re-runs), {stats.head_calls} head calls",
         file=sys.stderr,

@@ -12,6 +12,7 @@ from mobius_lite.enums import DraftHead
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, mtp_cache_tensors
+from mobius_lite.graphs.decoder import logits_to_keep_input
 from mobius_lite.io_contract import (
     ATTENTION_MASK,
     HIDDEN_STATES,
@@ -29,7 +30,10 @@ def build_mtp(
     logits_from_embeddings: bool = False,
 ) -> tuple[ir.Model, NemotronHMTPForCausalLM]:
     """Build mtp.onnx (weights not yet bound): (input_ids, hidden_states, attention_mask,
-    past_key_values.mtp.*) -> (logits, present.mtp.*, mtp_hidden_states).
+    past_key_values.mtp.*, logits_to_keep) -> (logits, present.mtp.*, mtp_hidden_states).
+    logits_to_keep is the decoder's optional input (default 0: every position): a draft
+    needs the last position's logits only, and a head catching up on many positions would
+    otherwise run its lm_head over every one of them.
 
     The arguments mean what they mean for build_decoder; the head's weight slots resolve
     their formats by their checkpoint names (mtp.layers.*, backbone.embeddings.weight,
@@ -47,13 +51,15 @@ def build_mtp(
     cache = mtp_cache_tensors(config, dtype)
     past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
 
-    graph = new_graph("nemotron_h_mtp", [ids, states, mask, *past.values()])
-    op = GraphBuilder(graph).op
-    logits, presents, head_hidden = module(op, ids, states, mask, past)
+    keep = logits_to_keep_input()
 
-    outputs = [
-        name_output(logits, LOGITS, ir.DataType.FLOAT, (BATCH, "sequence", config.vocab_size))
-    ]
+    graph = new_graph("nemotron_h_mtp", [ids, states, mask, *past.values(), keep])
+    graph.register_initializer(keep)
+    op = GraphBuilder(graph).op
+    logits, presents, head_hidden = module(op, ids, states, mask, past, keep)
+
+    logits_shape = (BATCH, "logits_sequence", config.vocab_size)
+    outputs = [name_output(logits, LOGITS, ir.DataType.FLOAT, logits_shape)]
     for c in cache:
         outputs.append(
             name_output(presents[c.present_name], c.present_name, c.dtype, c.present_shape)

@@ -144,7 +144,7 @@ class NemotronHForCausalLM(nn.Module):
         final, presents, layer_outputs = self.backbone(op, tokens, step)
         hidden = final
         if logits_to_keep is not None:
-            hidden = _last_positions(op, hidden, dims, logits_to_keep, self.config.hidden_size)
+            hidden = last_positions(op, hidden, dims, logits_to_keep, self.config.hidden_size)
         logits = self.logits(op, hidden, dims)
         return logits, presents, layer_outputs, final
 
@@ -170,7 +170,7 @@ def output_logits(
     )
 
 
-def _last_positions(
+def last_positions(
     op: OpBuilder, hidden: ir.Value, dims: Dims, keep: ir.Value, width: int
 ) -> ir.Value:
     """The rows of the last `keep` positions of every sequence ([rows, width] in, batch-major);

@@ -19,7 +19,13 @@ from mobius_lite.components import Embedding, Linear, RMSNorm
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs import LayerSpec, NemotronHConfig
 from mobius_lite.errors import ConfigError
-from mobius_lite.models.nemotron_h import Block, StepInputs, output_logits, step_inputs
+from mobius_lite.models.nemotron_h import (
+    Block,
+    StepInputs,
+    last_positions,
+    output_logits,
+    step_inputs,
+)
 
 
 class MTPBlock(Block):
@@ -131,12 +137,14 @@ class NemotronHMTPForCausalLM(nn.Module):
         hidden_states: ir.Value,
         attention_mask: ir.Value,
         past: Mapping[str, ir.Value],
+        logits_to_keep: ir.Value | None = None,
     ) -> tuple[ir.Value, dict[str, ir.Value], ir.Value]:
         """input_ids [batch, seq] (tokens t+1), hidden_states [batch, seq, hidden] (the
-        decoder's at t), attention_mask int64 [batch, past + seq] (the head's cache).
+        decoder's at t), attention_mask int64 [batch, past + seq] (the head's cache),
+        logits_to_keep: int64 scalar, logits of only the last that many positions (0: all).
 
-        Returns (logits FP32 [batch, seq, vocab], presents by name, the final-normed head
-        output [rows, hidden])."""
+        Returns (logits FP32 [batch, seq or kept, vocab], presents by name, the final-normed
+        head output of every position [rows, hidden])."""
         width = self.config.hidden_size
         step = step_inputs(op, input_ids, attention_mask, past)
         embeds = self.backbone(op, input_ids)
@@ -144,7 +152,10 @@ class NemotronHMTPForCausalLM(nn.Module):
         hidden, presents = self.mtp(
             op, op.Reshape(hidden_states, rows), op.Reshape(embeds, rows), step
         )
+        kept = hidden
+        if logits_to_keep is not None:
+            kept = last_positions(op, hidden, step.dims, logits_to_keep, width)
         logits = output_logits(
-            op, hidden, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
+            op, kept, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
         )
         return logits, presents, hidden

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import PackageError
-from mobius_lite.io_contract import PAST_PREFIX, present_of
+from mobius_lite.io_contract import LOGITS_TO_KEEP, PAST_PREFIX, present_of
 from mobius_lite.run.ort_session import create_session, input_dtypes, numpy_dtype, quiet_options
 
 
@@ -67,6 +67,11 @@ class CachedSession:
         self.cache = cache_inputs(self.session)
         self.inputs = input_dtypes(self.session)
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # an input with a default is an overridable initializer; packages exported before
+        # the input existed have no logits_to_keep
+        self.keeps_logits = LOGITS_TO_KEEP in self.inputs or LOGITS_TO_KEEP in {
+            i.name for i in self.session.get_overridable_initializers()
+        }
         self.past: dict[str, np.ndarray] = {}
         self.mask: np.ndarray | None = None
         self.call_start = 0  # positions the cache held before the last call

@@ -51,10 +51,6 @@ class DecoderSession(CachedSession):
             for c in self.cache
             if window_of(c.past_name) in outputs
         }
-        # Packages exported before the input existed have no logits_to_keep.
-        self.keeps_logits = LOGITS_TO_KEEP in self.inputs or LOGITS_TO_KEEP in {
-            i.name for i in self.session.get_overridable_initializers()
-        }
 
     def check_ids(self, ids: np.ndarray) -> None:
         """ConfigError when a token id lies outside the decoder's vocabulary."""

@@ -13,14 +13,19 @@ tokens, so its rate relative to plain decoding (one decoder call per token) is
 with D(n) the seconds of a decoder call over n positions and H those of a head call. The
 controller estimates `a` from the rounds (each draft a success until the first rejection,
 which is one failure; past rounds weigh `memory` times less per round; `prior` pseudo-counts)
-and D and H from the measured call times (the median of the latest five calls of each size),
+and D and H from the measured call times (the median of the latest five calls of each size;
+a size's first call, often slow in onnxruntime, counts only until a second one is timed),
 and picks the K in 0..k_max with the best estimated rate. K = 0 is plain decoding (rate 1).
-Plain steps come first until D(1) is measured, then rounds drafting k_max until H and a
-verifying call are (the first call of each size is left out: onnxruntime's first run at a
-new shape is slow); a call size not yet measured is interpolated between measured ones.
-While at K = 0 nothing is learned about
-the head, so after `probe` plain steps one round drafts a single token; each probe that is
-rejected doubles the wait (up to `max_probe`), one that is accepted resets it.
+A call size not yet measured is interpolated between measured ones, or extrapolated along the
+line through the two largest (along `verify_slope` x D(1) per position while only D(1) is
+known): an MoE decoder's verifying call reads more experts per position, so it is never
+assumed free.
+
+Learning about the head costs no decoder call: a plain step can be a probe, which drafts one
+token and checks it against the step's own greedy choice. The first probe comes after the
+first plain step; later ones after `probe` plain steps, each wrong probe doubling the wait
+(up to `max_probe`), a right one resetting it. A bad head therefore costs its probes' head
+calls only, and a good one is drafted from as soon as its estimated rate beats plain steps.
 The choice changes only how many tokens a round verifies, never which tokens are emitted.
 """
 
@@ -32,22 +37,33 @@ from dataclasses import dataclass, field
 LATEST = 5  # call times kept per call size
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round: `k` drafts to verify (0: a plain step), and whether a plain step also
+    drafts one token as a probe, checked against the step's greedy choice."""
+
+    k: int
+    probe: bool = False
+
+
 @dataclass
 class DraftController:
-    """Adaptive K in 0..k_max. Feed it `rounds` (drafts made, drafts accepted) and call times;
-    ask `next_k` before each round."""
+    """Adaptive K in 0..k_max. Feed it rounds, probes and call times; ask `next_round`
+    before each round."""
 
     k_max: int
     memory: float = 0.8  # weight of the previous rounds' evidence, per round
     prior: tuple[float, float] = (0.25, 0.25)  # pseudo-counts of accepted / rejected drafts
-    probe: int = 8  # plain steps before the first probe
+    probe: int = 8  # plain steps between probes
     max_probe: int = 256
+    verify_slope: float = 0.5  # D(n) - D(n - 1) over D(1) before two sizes are measured
     accepted: float = 0.0
     rejected: float = 0.0
     decoder_seconds: dict[int, float] = field(default_factory=dict)  # D(n), by positions n
     head_seconds: float | None = None  # H
     samples: dict[int | str, list[float]] = field(default_factory=dict)  # the latest calls
-    plain_steps: int = 0  # since the last round that drafted
+    settled: set[int | str] = field(default_factory=set)  # sizes whose first call was dropped
+    plain_steps: int = 0  # since the last round that drafted or probed
     wait: int = 0  # plain steps before the next probe
     chosen: dict[int, int] = field(default_factory=dict)  # K -> rounds run with it
 
@@ -61,34 +77,40 @@ class DraftController:
         return (self.accepted + good) / (self.accepted + self.rejected + good + bad)
 
     def observe_round(self, drafted: int, accepted: int) -> None:
-        """A round that drafted `drafted` tokens, of which the first `accepted` were right."""
+        """A round that drafted `drafted` tokens, of which the first `accepted` were right
+        (a plain step: drafted 0)."""
         if drafted == 0:
             self.plain_steps += 1
             return
-        self.accepted = self.memory * self.accepted + accepted
-        self.rejected = self.memory * self.rejected + (1 if accepted < drafted else 0)
-        if self.plain_steps:  # this round was a probe
-            self.wait = self.probe if accepted else min(2 * self.wait, self.max_probe)
+        self._learn(accepted, accepted < drafted)
         self.plain_steps = 0
+
+    def observe_probe(self, right: bool) -> None:
+        """A probe's draft was (or was not) the plain step's greedy choice."""
+        self._learn(int(right), not right)
+        self.wait = self.probe if right else min(2 * self.wait, self.max_probe)
+        self.plain_steps = 0
+
+    def _learn(self, accepted: int, rejected: bool) -> None:
+        self.accepted = self.memory * self.accepted + accepted
+        self.rejected = self.memory * self.rejected + (1 if rejected else 0)
 
     def observe_decoder(self, positions: int, seconds: float) -> None:
         """A decoder call over `positions` positions (prefill excluded)."""
-        estimate = self._latest(positions, seconds)
-        if estimate is not None:
-            self.decoder_seconds[positions] = estimate
+        self.decoder_seconds[positions] = self._latest(positions, seconds)
 
     def observe_head(self, seconds: float) -> None:
         """One head call (a draft)."""
         self.head_seconds = self._latest("head", seconds)
 
-    def _latest(self, key: int | str, seconds: float) -> float | None:
-        """The median of the latest LATEST calls of one kind, the first one left out
-        (onnxruntime's first run at a new shape can take ten times longer); None until a
-        call was kept. A one-off stall (another process) does not decide K for long."""
-        if key not in self.samples:
-            self.samples[key] = []  # the warm-up call
-            return None
-        kept = self.samples[key]
+    def _latest(self, key: int | str, seconds: float) -> float:
+        """The median of the latest LATEST calls of one kind. A kind's first call (onnxruntime's
+        first run at a new shape can take ten times longer) stands alone until the second
+        replaces it; one later stall (another process) is outvoted."""
+        kept = self.samples.setdefault(key, [])
+        if kept and key not in self.settled:
+            kept.clear()
+            self.settled.add(key)
         kept.append(seconds)
         del kept[:-LATEST]
         return statistics.median(kept)
@@ -103,30 +125,36 @@ class DraftController:
         cost = self._decoder(k + 1) + k * (self.head_seconds or 0.0)
         return emitted * plain / cost if cost > 0 else float(k + 1)
 
-    def next_k(self) -> int:
-        """K for the next round: the best estimated rate, or a one-draft probe after a run
-        of plain steps. Plain steps until D(1) is measured, then k_max until the head and a
-        verifying call are."""
+    def next_round(self) -> RoundPlan:
+        """The next round: the K with the best estimated rate once D(1) and the head are
+        measured (plain steps before), and a probe on a plain step when one is due."""
         if 1 not in self.decoder_seconds:
-            k = 0
-        elif self.head_seconds is None or len(self.decoder_seconds) < 2:
-            k = self.k_max
+            plan = RoundPlan(0)
+        elif self.head_seconds is None:
+            plan = RoundPlan(0, probe=True)
         else:
             k = max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))
-            if k == 0 and self.plain_steps >= self.wait:
-                k = 1
-        self.chosen[k] = self.chosen.get(k, 0) + 1
-        return k
+            plan = RoundPlan(k, probe=k == 0 and self.plain_steps >= self.wait)
+        self.chosen[plan.k] = self.chosen.get(plan.k, 0) + 1
+        return plan
 
     def _decoder(self, positions: int) -> float:
-        """D(positions): measured, else interpolated linearly between the nearest measured
-        call sizes on either side (the nearest one's time beyond them)."""
+        """D(positions): measured; else interpolated linearly between the nearest measured
+        call sizes on either side, or extrapolated beyond the largest (module docstring)."""
         known = self.decoder_seconds
         if positions in known:
             return known[positions]
         below = max((n for n in known if n < positions), default=None)
         above = min((n for n in known if n > positions), default=None)
-        if below is None or above is None:
-            return known[above if below is None else below]
-        share = (positions - below) / (above - below)
-        return known[below] + share * (known[above] - known[below])
+        if below is None:
+            return known[above]  # type: ignore[index]
+        if above is not None:
+            share = (positions - below) / (above - below)
+            return known[below] + share * (known[above] - known[below])
+        sizes = sorted(known)
+        if len(sizes) >= 2:
+            low, high = sizes[-2], sizes[-1]
+            slope = max(0.0, (known[high] - known[low]) / (high - low))
+        else:
+            slope = self.verify_slope * known[1] if 1 in known else 0.0
+        return known[below] + slope * (positions - below)

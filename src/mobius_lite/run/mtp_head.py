@@ -19,6 +19,7 @@ from mobius_lite.io_contract import (
     HIDDEN_STATES,
     INPUT_IDS,
     LOGITS,
+    LOGITS_TO_KEEP,
     MTP_HIDDEN_STATES,
 )
 from mobius_lite.run.cached_session import CachedSession
@@ -77,8 +78,14 @@ class MtpHead(CachedSession):
         return int(self.mask.shape[1])
 
     def step(
-        self, input_ids: np.ndarray, hidden_states: np.ndarray, attention_mask: np.ndarray
+        self,
+        input_ids: np.ndarray,
+        hidden_states: np.ndarray,
+        attention_mask: np.ndarray,
+        logits_to_keep: int = 0,
     ) -> tuple[np.ndarray, np.ndarray]:
+        """DraftHead.step; logits_to_keep > 0 asks for the logits of the last that many
+        positions only (the cheap call a draft needs), where the graph takes it."""
         self.mask = np.concatenate([self.mask, np.asarray(attention_mask, np.int64)], axis=1)
         feeds = {
             INPUT_IDS: np.asarray(input_ids, np.int64),
@@ -86,6 +93,8 @@ class MtpHead(CachedSession):
             ATTENTION_MASK: self.mask,
             **self.past,
         }
+        if logits_to_keep and self.keeps_logits:
+            feeds[LOGITS_TO_KEEP] = np.array(logits_to_keep, dtype=np.int64)
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results[LOGITS], results[MTP_HIDDEN_STATES]

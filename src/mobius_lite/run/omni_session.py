@@ -289,10 +289,12 @@ class OmniSession:
         k: int,
         stop_at_eos: bool = True,
         keep_outputs: bool = True,
+        adaptive: bool = True,
     ) -> tuple[list[int], list[dict[str, np.ndarray]], SpeculationStats]:
-        """`generate`'s greedy tokens, drafted `k` at a time by the package's MTP head and
-        verified by the decoder (run/speculative.py); every decoder call's outputs (none unless
-        `keep_outputs`); also the draft counts."""
+        """`generate`'s greedy tokens, drafted up to `k` at a time (exactly `k` unless
+        `adaptive`) by the package's MTP head and verified by the decoder
+        (run/speculative.py); every decoder call's outputs (none unless `keep_outputs`); also
+        the draft counts."""
         head = open_head(self.files, self.providers)
         prepared = self.prepare(input_ids, media)
         outputs: list[dict[str, np.ndarray]] = []
@@ -301,6 +303,7 @@ class OmniSession:
             decoder_input=self.embed,
             stops=self.stop_tokens if stop_at_eos else (),
             outputs=outputs if keep_outputs else None,
+            adaptive=adaptive,
         )
         tokens, stats = speculative_greedy(
             self.decoder, head, prepared.input_ids, max_new_tokens, k, options

@@ -26,8 +26,8 @@ import numpy as np
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.io_contract import HIDDEN_STATES, LOGITS
 from mobius_lite.run.decoder_session import DecoderSession
-from mobius_lite.run.draft_control import DraftController
-from mobius_lite.run.mtp_head import DraftHead
+from mobius_lite.run.draft_control import DraftController, RoundPlan
+from mobius_lite.run.mtp_head import DraftHead, MtpHead
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ class SpeculationStats:
     decoder call for), `rounds` verifying calls (plain steps included), `rewinds` rounds cut
     back to their accepted prefix from the call's own state windows, `rollbacks` re-runs
     after a rejection (decoders without windows), `decoder_calls` all decoder calls (prefill
-    and re-runs included), `head_calls` draft calls, `k_rounds` rounds run per K (0: a plain
-    step)."""
+    and re-runs included), `head_calls` draft calls (probes included), `k_rounds` rounds run
+    per K (0: a plain step), `probes` plain steps that also drafted one token to learn about
+    the head, `probes_right` those whose draft was the step's greedy choice (neither counts
+    in `proposed` / `accepted`: a probe saves no decoder call)."""
 
     proposed: int = 0
     accepted: int = 0
@@ -69,6 +71,8 @@ class SpeculationStats:
     decoder_calls: int = 0
     head_calls: int = 0
     k_rounds: dict[int, int] = field(default_factory=dict)
+    probes: int = 0
+    probes_right: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -86,6 +90,8 @@ class SpeculationStats:
             "decoder_calls": self.decoder_calls,
             "head_calls": self.head_calls,
             "k_rounds": dict(sorted(self.k_rounds.items())),
+            "probes": self.probes,
+            "probes_right": self.probes_right,
         }
 
 
@@ -185,8 +191,13 @@ class _Speculation:
         tokens = [[int(t)] for t in pending]
         stops = set(self.options.stops) if ids.shape[0] == 1 else set()
         while len(tokens[0]) < max_new_tokens and tokens[0][-1] not in stops:
-            wanted = min(self.calls.next_k(), max_new_tokens - len(tokens[0]) - 1)
+            plan = self.calls.next_round()
+            left = max_new_tokens - len(tokens[0]) - 1  # tokens after this round's last
+            wanted = min(plan.k, left)
+            probe = self.calls.draft(self.backlog, 1 if plan.probe and left else 0, ids.shape[0])
             verified = self.verify(pending, self.calls.draft(self.backlog, wanted, ids.shape[0]))
+            if probe.shape[1]:
+                self.calls.count_probe(bool((probe[:, 0] == verified.greedy[:, 0]).all()))
             new, pending, stopped = self.accept(verified, stops)
             for row, row_tokens in enumerate(tokens):
                 row_tokens += [int(t) for t in new[row]]
@@ -260,9 +271,9 @@ class _Calls:
         self.adaptive = options.adaptive
         self.stats = SpeculationStats()
 
-    def next_k(self) -> int:
-        """This round's K: the controller's choice, or k when not adaptive."""
-        return self.controller.next_k() if self.adaptive else self.k
+    def next_round(self) -> RoundPlan:
+        """This round's K and probe: the controller's choice, or k when not adaptive."""
+        return self.controller.next_round() if self.adaptive else RoundPlan(self.k)
 
     def call(
         self,
@@ -298,6 +309,12 @@ class _Calls:
         self.stats.accepted += accepted * batch
         self.stats.k_rounds[drafted] = self.stats.k_rounds.get(drafted, 0) + 1
 
+    def count_probe(self, right: bool) -> None:
+        """A plain step's probe draft was (or was not) every row's greedy choice."""
+        self.controller.observe_probe(right)
+        self.stats.probes += 1
+        self.stats.probes_right += int(right)
+
     def cut(self, verified: _Verified, kept: int, hidden: np.ndarray) -> np.ndarray:
         """Leave the decoder as if only fed[:, :kept] had been fed; returns those positions'
         hidden states (the verifying call's, or the re-run's)."""
@@ -316,13 +333,23 @@ def _draft(head: DraftHead, backlog: _HeadBacklog, count: int) -> np.ndarray:
     decoder hidden states); each later one runs one position on the previous draft and the
     head's own hidden state, an entry the caller cuts from the cache after verification."""
     ids, hidden, mask = backlog.take()
-    logits, mtp_hidden = head.step(ids, hidden, mask)
+    logits, mtp_hidden = _head_step(head, ids, hidden, mask)
     drafts = [logits[:, -1].argmax(-1)]
     ones = np.ones((ids.shape[0], 1), np.int64)
     for _ in range(count - 1):
-        logits, mtp_hidden = head.step(drafts[-1][:, None], mtp_hidden[:, -1:], ones)
+        logits, mtp_hidden = _head_step(head, drafts[-1][:, None], mtp_hidden[:, -1:], ones)
         drafts.append(logits[:, -1].argmax(-1))
     return np.stack(drafts, axis=1).astype(np.int64)
+
+
+def _head_step(
+    head: DraftHead, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One head call; the package's head computes the last position's logits only (its
+    lm_head over a backlog of positions would cost as much as the rest of the call)."""
+    if isinstance(head, MtpHead):
+        return head.step(ids, hidden, mask, logits_to_keep=1)
+    return head.step(ids, hidden, mask)
 
 
 def _hidden(out: dict[str, np.ndarray], positions: int) -> np.ndarray:
