@@ -89,6 +89,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import statistics
@@ -106,6 +107,7 @@ from common import CORPUS, MID, TINY, median_time, open_package, timed_decode, t
 
 from mobius_lite.bench.package_peer import session_options  # noqa: E402
 from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
+from mobius_lite.layout import MANIFEST_FILE  # noqa: E402
 
 ROUTES: dict[str, list[str]] = {
     "standard": [],
@@ -217,8 +219,6 @@ def write_nvfp4(out: Path, model: Any, tokenizer: Any, special: dict[str, int]) 
     """The NVFP4 file (module doc): ModelOpt's quantization of each projection whose rows hold
     whole 64-element superblocks, repacked as the converter does, with its `.scale` ([E] for
     stacked experts); Q8_0 for every other matrix."""
-    import re
-
     from reference_fixtures.gguf_fixtures import converter_tensors, write_gguf
     from reference_fixtures.gguf_nvfp4_fixtures import quantized_nvfp4
 
@@ -244,7 +244,7 @@ def write_nvfp4(out: Path, model: Any, tokenizer: Any, special: dict[str, int]) 
     )
 
 
-def gguf_facts(path: Path) -> dict[str, Any]:
+def gguf_facts(path: Path, size: str) -> dict[str, Any]:
     import gguf
 
     tensors = gguf.GGUFReader(path).tensors
@@ -255,7 +255,57 @@ def gguf_facts(path: Path) -> dict[str, Any]:
         "file_bytes": path.stat().st_size,
         "tensor_bytes": sum(int(t.n_bytes) for t in tensors),
         "bytes_by_type": mix,
+        "token_bytes": gguf_token_bytes(path, size),
     }
+
+
+# What one decode token reads of the weights: every matrix whole, but the routed experts
+# (top_k of n_routed_experts) and the embedding table (one row).
+GGUF_EXPERTS = re.compile(r"\.ffn_(up|down|gate)_exps\.")
+PACKAGE_EXPERTS = re.compile(r"\.mixer\.experts\.")
+EMBEDDINGS = re.compile(r"(token_embd|embeddings)\.weight")
+
+
+def token_bytes(
+    tensors: list[tuple[str, tuple[int, ...], int]], experts: re.Pattern[str], size: str
+) -> int:
+    """The weight bytes one decode token reads (above), from (name, shape, bytes) rows."""
+    config = mid_moe(size)
+    share = config["num_experts_per_tok"] / config["n_routed_experts"]
+    total = 0.0
+    for name, shape, size in tensors:
+        if experts.search(name):
+            total += size * share
+        elif EMBEDDINGS.search(name):
+            total += size / max(shape) if shape else size
+        else:
+            total += size
+    return round(total)
+
+
+def gguf_token_bytes(path: Path, size: str) -> int:
+    """token_bytes of a GGUF file, from gguf-py's tensor table."""
+    import gguf
+
+    tensors = gguf.GGUFReader(path).tensors
+    rows = [(t.name, tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in tensors]
+    return token_bytes(rows, GGUF_EXPERTS, size)
+
+
+def package_token_bytes(package: Path, size: str) -> int:
+    """token_bytes of a package's decoder, from its manifest's initializer table."""
+    import onnx
+
+    manifest = json.loads((package / MANIFEST_FILE).read_text())
+    initializers = manifest["graphs"]["decoder"]["initializers"]
+    rows = []
+    for name, entry in initializers.items():
+        shape = tuple(entry["shape"])
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(
+            getattr(onnx.TensorProto, entry["dtype"])
+        ).itemsize
+        rows.append((name, shape, int(np.prod(shape, dtype=np.int64)) * itemsize))
+    return token_bytes(rows, PACKAGE_EXPERTS, size)
 
 
 def directory_bytes(path: Path) -> int:
@@ -565,7 +615,7 @@ def main() -> None:
     }
     source: tuple[np.ndarray, list[int]] | None = None  # the F32 file's ort logits and tokens
     for name, path in files.items():
-        entry: dict[str, Any] = {**gguf_facts(path), "routes": {}}
+        entry: dict[str, Any] = {**gguf_facts(path, args.config), "routes": {}}
         default = list(ROUTES)[:4]
         wanted = set(args.routes.split(",")) if args.routes else set(default)
         routes = [
@@ -585,11 +635,12 @@ def main() -> None:
                 "command": " ".join(["mobius build --model", model.name, *ROUTES[route]]),
                 **timed_export(model, packages[route], ROUTES[route]),
                 "package_bytes": directory_bytes(packages[route]),
+                "token_bytes": package_token_bytes(packages[route], args.config),
             }
         os.sync()  # the exports' pages reach the disk before any timing starts
         sides = [*routes, *([] if args.without_llamacpp else [LLAMACPP])]
         rounds: dict[str, list[dict]] = {side: [] for side in sides}
-        for index in range(args.rounds):
+        for index in range(args.rounds if sides else 0):  # a file with nothing to run
             for side in sides[index % len(sides) :] + sides[: index % len(sides)]:
                 if side == LLAMACPP:
                     run = run_llamacpp(path, args)

@@ -16,6 +16,9 @@ Modes, each over the whole `speculative_greedy` call (prefill included; a 32-tok
     `adaptive` (the DraftController, K up to 4);
   - head k=K: the package's own head (random weights: its acceptance is near 0; its call cost
     is the real one), fixed K and adaptive;
+  - head-cost p=P k=K: the package's own head run for its real cost on every call, drafting
+    the scripted drafter's tokens (p = 0 and 0.85, K = 3 and adaptive): a head with that
+    acceptance and this head's call cost (the acceptance simulated, the cost real);
   - head call cost: median seconds of one chained draft call (one position) next to one
     plain decoder step.
 Every run's tokens are checked identical to plain greedy decoding's. llama.cpp's plain greedy
@@ -129,7 +132,42 @@ def modes(head_factory: Callable[[], Any]) -> dict[str, tuple[Any, int | None]]:
             out[name] = ((lambda known, vocab, p=p: scripted(known, vocab, p, 7)), k)
     for k in (1, 3, None):
         out["head " + (f"k={k}" if k else "adaptive")] = ((lambda known, vocab: head_factory()), k)
+    for p in (0.0, 0.85):
+        for k in (3, None):
+            name = f"head-cost p={p} " + (f"k={k}" if k else "adaptive")
+            out[name] = (
+                lambda known, vocab, p=p: CostedScript(
+                    head_factory(), scripted(known, vocab, p, 7)
+                ),
+                k,
+            )
     return out
+
+
+class CostedScript:
+    """The package's own head, run for its real cost on every call (its last-position logits,
+    as speculative.py asks), drafting the scripted drafter's tokens: the speed of a head with
+    the scripted acceptance and this head's call cost. The acceptance is simulated, the cost
+    is not."""
+
+    def __init__(self, head: Any, script: ScriptedHead) -> None:
+        self.head, self.script = head, script
+
+    @property
+    def length(self) -> int:
+        return self.script.length
+
+    def reset(self, batch: int) -> None:
+        self.head.reset(batch)
+        self.script.reset(batch)
+
+    def step(self, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> Any:
+        self.head.step(ids, hidden, mask, logits_to_keep=1)
+        return self.script.step(ids, hidden, mask)
+
+    def truncate(self, length: int) -> None:
+        self.head.truncate(length)
+        self.script.truncate(length)
 
 
 def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
