@@ -13,7 +13,8 @@ import pytest
 
 import mobius_lite
 from mobius_lite.cli.main import main
-from mobius_lite.errors import ConfigError, RouteError
+from mobius_lite.errors import RouteError
+from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.evaluation.qualify_mtp import score_head
 from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, PASS
 from mobius_lite.run.decoder_session import DecoderSession
@@ -87,25 +88,140 @@ def test_fast_head_keeps_plain_tokens(packages, k: int) -> None:
         np.testing.assert_allclose(decoder.past[name], value, rtol=1e-4, atol=1e-4)
 
 
-def test_fast_head_is_refused_without_packed_head_weights(tmp_path: Path) -> None:
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def int8_block_weights(w: np.ndarray) -> np.ndarray:
+    """onnxruntime-genai's int8 blocks of 32 along a row, dequantized (from the convention:
+    scale = the block's extreme / -128, code = round-half-away(x / scale) + 128 in 0..255)."""
+    blocks = w.reshape(w.shape[0], -1, 32).astype(np.float64)
+    low, high = blocks.min(-1), blocks.max(-1)
+    scale = np.where(np.abs(high) > np.abs(low), high, low) / -128.0
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
+    codes = np.clip(round_half_away(blocks * inverse[..., None]) + 128, 0, 255)
+    return ((codes - 128) * scale[..., None]).reshape(w.shape)
+
+
+def int8_block_activations(x: np.ndarray) -> np.ndarray:
+    """MatMulNBits' accuracy_level 4 activations: symmetric int8 per 32 along K (amax / 127,
+    rounded to nearest even), dequantized."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float64)
+    scale = np.abs(blocks).max(-1) / 127.0
+    safe = np.where(scale == 0, 1.0, scale)
+    return (np.rint(blocks / safe[..., None]) * scale[..., None]).reshape(x.shape)
+
+
+def test_relaid_projection_is_int8_blocks_times_int8_activations() -> None:
+    """One marked Gemm(x, W, transB) re-laid in memory computes x's int8 blocks times W's
+    int8 blocks (both written out above from their definitions), to float rounding; the
+    dense initializer leaves the graph."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from mobius_lite.graphs.draft_int8 import mark_draft_int8, relay_draft_int8
+
+    rng = np.random.default_rng(0)
+    rows, k, batch = 40, 96, 3
+    weight = rng.standard_normal((rows, k)).astype(np.float32)
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([batch, k]))
+    w = ir.Value(name="lm_head.weight", const_value=ir.tensor(weight, name="lm_head.weight"))
+    w.shape, w.dtype = ir.Shape([rows, k]), ir.DataType.FLOAT
+    node = ir.node("Gemm", [x, w], attributes={"transB": 1})
+    y = node.outputs[0]
+    y.name, y.dtype, y.shape = "y", ir.DataType.FLOAT, ir.Shape([batch, rows])
+    model = ir.Model(
+        ir.Graph([x], [y], nodes=[node], initializers=[w], opset_imports={"": 21}), ir_version=10
+    )
+    mark_draft_int8(model, ["lm_head.weight"])
+    assert relay_draft_int8(model) == 1
+    assert [n.op_type for n in model.graph] == ["MatMulNBits"]
+    assert "lm_head.weight" not in model.graph.initializers
+    session = ort.InferenceSession(
+        ir.serde.serialize_model(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    inputs = rng.standard_normal((batch, k)).astype(np.float32)
+    out = session.run(None, {"x": inputs})[0]
+    expected = int8_block_activations(inputs) @ int8_block_weights(weight).T
+    assert compare("relaid", out, expected).passes(FP32_NRMSE, FP32_COSINE)
+    # and that is not the float32 product: the route is int8
+    assert not compare("f32", out, inputs @ weight.T).passes(FP32_NRMSE, FP32_COSINE)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A dense (safetensors) checkpoint with a head, built exact and fast on --backend ort."""
+    root = tmp_path_factory.mktemp("fast_dense_head")
+    checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(root / "checkpoint")
+    built = {
+        route: mobius_lite.build(checkpoint, weights_backend="ort", draft_head=route).save(
+            root / route, quiet=True
+        )
+        for route in ("exact", "fast")
+    }
+    return {"checkpoint": checkpoint, **built}
+
+
+def test_dense_fast_head_lists_its_projections_and_keeps_the_bytes(dense) -> None:
+    """A dense head's fast route changes no byte of the package but mtp.onnx's metadata: it
+    lists the head's projections llama.cpp would quantize whose rows are whole 32-blocks
+    (lm_head among them; not the router, nor a projection of 24-element rows)."""
+    import json
+
+    from mobius_lite.evaluation.qualify_mtp import _int8_kernels
+    from mobius_lite.graphs.draft_int8 import DRAFT_INT8_WEIGHTS
+    from mobius_lite.weights.verify import verify_package
+
+    exact, fast = dense["exact"], dense["fast"]
+    for path in sorted(p.relative_to(exact) for p in exact.rglob("*") if p.is_file()):
+        if path.name not in ("mtp.onnx", "manifest.json"):
+            assert (fast / path).read_bytes() == (exact / path).read_bytes(), path
+    manifests = [json.loads((p / "manifest.json").read_text()) for p in (exact, fast)]
+    for manifest in manifests:  # the one file that differs has its own sha256 there
+        manifest["files"].pop("mtp.onnx")
+    assert manifests[0] == manifests[1]
+    proto = onnx.load(str(fast / "mtp.onnx"), load_external_data=False)
+    listed = json.loads({p.key: p.value for p in proto.metadata_props}[DRAFT_INT8_WEIGHTS])
+    shapes = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    assert "lm_head.weight" in listed and "mtp.layers.1.mixer.gate.weight" not in listed
+    assert all(shapes[name][1] % 32 == 0 for name in listed)
+    assert {n for n in shapes if n.startswith("mtp.") and n.endswith("proj.weight")} - set(
+        listed
+    ) == {n for n in shapes if n.endswith("proj.weight") and shapes[n][1] % 32}
+    assert _int8_kernels(fast / "mtp.onnx") == len(listed)
+    assert _int8_kernels(exact / "mtp.onnx") == 0
+    assert verify_package(fast, dense["checkpoint"]).ok
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_dense_fast_head_keeps_plain_tokens(dense, k: int) -> None:
+    decoder = DecoderSession(dense["fast"] / "model.onnx")
+    ids = np.array([[5, 17, 33, 8, 61]], dtype=np.int64)
+    plain = greedy(decoder, ids, NEW_TOKENS).tokens
+    head = open_head(dense["fast"])
+    tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, adaptive=False)
+    assert tokens[0] == plain and stats.proposed > 0
+
+
+def test_fast_head_routes_are_refused(tmp_path: Path) -> None:
     checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(tmp_path / "checkpoint")
-    with pytest.raises(ConfigError, match="needs packed head weights"):
-        mobius_lite.build(checkpoint, weights_backend="ort", draft_head="fast")
     with pytest.raises(RouteError, match="needs the ort backend"):
         mobius_lite.build(checkpoint, draft_head="fast")
     with pytest.raises(RouteError, match="not supported"):
         mobius_lite.build(checkpoint, draft_head="quick")
 
 
-def test_build_cli_refuses_a_fast_head_on_dense_weights(tmp_path: Path, capsys) -> None:
+def test_build_cli_fast_head_on_dense_weights(tmp_path: Path, capsys) -> None:
+    """Built on --backend ort; refused in one line, with nothing written, without it."""
     checkpoint, _, _ = write_nemotron_h_mtp_checkpoint(tmp_path / "checkpoint")
     out = tmp_path / "package"
     capsys.readouterr()  # the checkpoint writer's progress
     args = ["build", "--model", str(checkpoint), "--output", str(out), "--draft-head", "fast"]
-    code = main([*args, "--backend", "ort", "-q"])
+    code = main([*args, "-q"])
     err = capsys.readouterr().err
-    assert code == 2 and "needs packed head weights" in err and "Traceback" not in err
+    assert code == 2 and "needs the ort backend" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main([*args, "--backend", "ort", "-q"]) == 0 and (out / "mtp.onnx").is_file()
 
 
 def head_facts(tokens: list[int], plain: list[int], int8_kernels: int) -> dict:

@@ -105,10 +105,11 @@ class Activations(str, enum.Enum):
 class DraftHead(str, enum.Enum):
     """How the MTP head (the speculative draft model) computes (`--draft-head`).
 
-    EXACT builds it on the decoder's routes. FAST computes its packed matmuls (MatMulNBits,
-    the lm_head among them) with int8 activations (accuracy_level 4), on the same stored
-    weights: drafts are cheaper and may differ, which changes how many are accepted, never
-    the tokens (the decoder verifies every one).
+    EXACT builds it on the decoder's routes. FAST computes its projections (the lm_head among
+    them) with int8 activations (MatMulNBits accuracy_level 4): packed ones over the same
+    stored weights, dense ones over int8 blocks made when the head's session is created
+    (graphs/draft_int8.py). Drafts are cheaper and may differ, which changes how many are
+    accepted, never the tokens (the decoder verifies every one).
     """
 
     EXACT = "exact"

@@ -194,9 +194,10 @@ def _add_weight_arguments(p: argparse.ArgumentParser) -> None:
         "--draft-head",
         default="exact",
         choices=["exact", "fast"],
-        help="the MTP head's route (checkpoints with one): fast = its packed weights on the "
-        "int8-activation kernels (--backend ort, f32, cpu): cheaper drafts, the same tokens "
-        "(docs/speculative.md) (default: %(default)s)",
+        help="the MTP head's route (checkpoints with one): fast = its projections on the "
+        "int8-activation kernels (packed weights as stored; dense ones as int8 blocks made when "
+        "the head's session is created; --backend ort, f32, cpu): cheaper drafts, the same "
+        "tokens (docs/speculative.md) (default: %(default)s)",
     )
     p.add_argument(
         "--dequantize",

@@ -78,7 +78,7 @@ def run_heads(
     dict `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
-    from mobius_lite.run.mtp_head import MtpHead
+    from mobius_lite.run.mtp_head import head_session
 
     facts: dict[str, Any] = {
         "graph": GraphRole.MTP.file_name,
@@ -91,8 +91,9 @@ def run_heads(
     ours: dict[str, np.ndarray] = {}
     reference: dict[str, np.ndarray] = {}
     try:
-        head = MtpHead(package_dir / GraphRole.MTP.file_name, providers)
-        facts["int8_activation_kernels"] = _int8_kernels(package_dir / GraphRole.MTP.file_name)
+        head_file = package_dir / GraphRole.MTP.file_name
+        head = head_session(head_file, providers)
+        facts["int8_activation_kernels"] = _int8_kernels(head_file)
         head.reset(1)
         for step, (ids, hidden) in zip(steps, feeds, strict=True):
             logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
@@ -231,9 +232,13 @@ def score_head(
 
 
 def _int8_kernels(head_file: Path) -> int:
-    """Nodes of the head graph that compute with int8 activations (a fast draft head)."""
+    """Nodes of the head's session that compute with int8 activations (a fast draft head):
+    those of the graph file, and the dense projections re-laid when the session is created."""
     import onnx
 
     from mobius_lite.evaluation.validity import int8_activation_kernels
+    from mobius_lite.graphs.draft_int8 import marked_draft_int8
 
-    return int8_activation_kernels(onnx.load(str(head_file), load_external_data=False).graph)
+    model = onnx.load(str(head_file), load_external_data=False)
+    metadata = {prop.key: prop.value for prop in model.metadata_props}
+    return int8_activation_kernels(model.graph) + len(marked_draft_int8(metadata))

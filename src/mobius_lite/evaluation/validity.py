@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 
+from mobius_lite.enums import Activations
 from mobius_lite.evaluation.scoring import FAIL, NOT_RUN, PASS, Verdict
 from mobius_lite.layout import MANIFEST_FILE
 from mobius_lite.weights.manifest import read_manifest
@@ -40,7 +41,6 @@ def check_graph(model_path: Path) -> dict[str, Any]:
 
 # The block-wise kernels whose accuracy_level 4 quantizes their activations to int8.
 INT8_CAPABLE_OPS = ("MatMulNBits", "QMoE")
-INT8_ACCURACY_LEVEL = 4
 
 
 def int8_activation_kernels(graph: onnx.GraphProto) -> int:
@@ -52,7 +52,8 @@ def int8_activation_kernels(graph: onnx.GraphProto) -> int:
             if attr.type == onnx.AttributeProto.GRAPH:
                 count += int8_activation_kernels(attr.g)
         if node.op_type in INT8_CAPABLE_OPS and any(
-            a.name == "accuracy_level" and a.i == INT8_ACCURACY_LEVEL for a in node.attribute
+            a.name == "accuracy_level" and a.i == Activations.INT8.accuracy_level
+            for a in node.attribute
         ):
             count += 1
     return count

@@ -8,11 +8,12 @@ from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import DraftHead
+from mobius_lite.enums import Activations, DraftHead
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, mtp_cache_tensors
 from mobius_lite.graphs.decoder import logits_to_keep_input
+from mobius_lite.graphs.draft_int8 import INT8_MATMUL, draft_int8_weights, mark_draft_int8
 from mobius_lite.io_contract import (
     ATTENTION_MASK,
     HIDDEN_STATES,
@@ -73,11 +74,6 @@ def build_mtp(
     return to_model(graph), module
 
 
-# onnxruntime's block-wise matmul whose accuracy_level 4 quantizes activations to int8
-INT8_MATMUL = "MatMulNBits"
-INT8_ACCURACY_LEVEL = 4
-
-
 def make_fast_head(graph: ir.Graph) -> int:
     """Put the head's packed matmuls (MatMulNBits, subgraphs included) on int8 activations
     (accuracy_level 4), a fast draft head (enums.DraftHead.FAST): the same initializers, so
@@ -88,18 +84,26 @@ def make_fast_head(graph: ir.Graph) -> int:
             if attr.type == ir.AttributeType.GRAPH:
                 moved += make_fast_head(attr.value)
         if node.op_type == INT8_MATMUL:
-            node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", INT8_ACCURACY_LEVEL)
+            level = Activations.INT8.accuracy_level
+            node.attributes["accuracy_level"] = ir.AttrInt64("accuracy_level", level)
             moved += 1
     return moved
 
 
 def apply_draft_head(model: ir.Model, route: DraftHead) -> None:
-    """The head on its route: unchanged when exact; for a fast head its packed matmuls on
-    int8 activations, or a ConfigError (raised before any weight is read) when it has none
-    (dense weights have no int8 route in this version)."""
-    if route is DraftHead.FAST and not make_fast_head(model.graph):
+    """The head on its route: unchanged when exact. A fast head computes with int8
+    activations: its packed matmuls at accuracy_level 4, and its dense projections listed for
+    the session to re-lay as int8 blocks (graphs/draft_int8.py). A ConfigError (raised before
+    any weight is read) when it has neither."""
+    if route is not DraftHead.FAST:
+        return
+    moved = make_fast_head(model.graph)
+    dense = draft_int8_weights(model.graph)
+    if dense:
+        mark_draft_int8(model, dense)
+    if not moved and not dense:
         raise ConfigError(
-            "a fast draft head needs packed head weights on the ort backend (a GGUF Q8_0 or "
-            "Q4_0 source): this checkpoint's head weights are dense, and dense weights have "
-            "no int8-activation route in this version; build the exact head"
+            "a fast draft head computes its projections on int8 blocks, and this head has "
+            "none that hold whole 32-element blocks (packed, or dense float32 rows); build "
+            "the exact head"
         )

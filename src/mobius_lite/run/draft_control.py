@@ -140,14 +140,13 @@ class DraftController:
 
     def _decoder(self, positions: int) -> float:
         """D(positions): measured; else interpolated linearly between the nearest measured
-        call sizes on either side, or extrapolated beyond the largest (module docstring)."""
+        call sizes on either side, or extrapolated beyond the largest (module docstring).
+        D(1) is measured before any rate is asked (next_round)."""
         known = self.decoder_seconds
         if positions in known:
             return known[positions]
-        below = max((n for n in known if n < positions), default=None)
+        below = max(n for n in known if n < positions)
         above = min((n for n in known if n > positions), default=None)
-        if below is None:
-            return known[above]  # type: ignore[index]
         if above is not None:
             share = (positions - below) / (above - below)
             return known[below] + share * (known[above] - known[below])
@@ -156,5 +155,5 @@ class DraftController:
             low, high = sizes[-2], sizes[-1]
             slope = max(0.0, (known[high] - known[low]) / (high - low))
         else:
-            slope = self.verify_slope * known[1] if 1 in known else 0.0
+            slope = self.verify_slope * known[1]
         return known[below] + slope * (positions - below)

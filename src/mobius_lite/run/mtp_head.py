@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import onnx_ir as ir
 
 from mobius_lite.enums import GraphRole
 from mobius_lite.errors import ConfigError, PackageError
+from mobius_lite.graphs.draft_int8 import relay_draft_int8
 from mobius_lite.io_contract import (
     ATTENTION_MASK,
     HIDDEN_STATES,
@@ -23,6 +25,7 @@ from mobius_lite.io_contract import (
     MTP_HIDDEN_STATES,
 )
 from mobius_lite.run.cached_session import CachedSession
+from mobius_lite.run.ort_session import quiet_options
 from mobius_lite.run.package_reader import PackageFiles, open_package
 
 
@@ -46,6 +49,10 @@ class DraftHead(Protocol):
     def truncate(self, length: int) -> None:
         """Drop the cache's positions from `length` on."""
         ...
+
+
+# where onnxruntime reads the external data of a model given as bytes
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
 class MtpHead(CachedSession):
@@ -120,4 +127,19 @@ def open_head(
             "multi-token-prediction head, so it cannot draft; decode without speculation "
             "(no --speculative; in Python, run.greedy.greedy)"
         )
-    return MtpHead(path, providers, session_options)
+    return head_session(Path(path), providers, session_options)
+
+
+def head_session(
+    path: Path, providers: list[str] | None = None, session_options: Any = None
+) -> MtpHead:
+    """An MtpHead over a head graph file. A fast head's dense projections (listed in its
+    metadata at build) are re-laid as int8 blocks in memory (graphs/draft_int8.py), the
+    other initializers read from the package's external data as usual; `session_options`
+    then gets the external-data folder entry a model given as bytes needs."""
+    model = ir.load(path)
+    if not relay_draft_int8(model):
+        return MtpHead(path, providers, session_options)
+    options = quiet_options(session_options)
+    options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(path.parent))
+    return MtpHead(ir.serde.serialize_model(model).SerializeToString(), providers, options)
