@@ -3,8 +3,10 @@ benchmarks/common.py (MID)'s widths in bench_gguf.py's pattern ME*MEME*ME, which
 load, with a one-layer MTP head), where a decoder step is memory-bound: what speculation
 gains over plain greedy decoding, and what a draft costs.
 
-Packages (one random checkpoint with a head, built here):
+Packages (one random checkpoint with a head, built here; --packages picks):
   - f32: the safetensors checkpoint, `mobius build --backend ort` (its head exact);
+  - f32-fast-head: the same with `--draft-head fast` (the head's dense projections on int8
+    blocks made when its session is created; the decoder and every byte the f32 package's);
   - q8_0-int8: a Q8_0 GGUF of the same weights (head included), `--backend ort
     --activations int8 --draft-head fast`.
 Modes, each over the whole `speculative_greedy` call (prefill included; a 32-token prompt and
@@ -60,6 +62,7 @@ from reference_fixtures.speculative_fixtures import ScriptedHead  # noqa: E402
 # bench_gguf.py's mid MoE pattern: llama.cpp's nemotron_h_moe has no dense MLP layers
 PROBABILITIES = (0.0, 0.5, 0.7, 0.85, 1.0)
 KS = (1, 2, 3, 4)
+PACKAGES = ("f32", "f32-fast-head", "q8_0-int8")
 # A smoke-test size: the mid pattern with small widths (Q8_0 needs multiples of 32).
 TINY = {
     "vocab_size": 512,
@@ -108,13 +111,19 @@ def build_packages(args: argparse.Namespace) -> dict[str, Path]:
         nextn=nextn,
     )
     del model
-    f32 = mobius_lite.build(checkpoint, weights_backend="ort").save(
-        args.workdir / "f32", quiet=True
-    )
-    q8 = mobius_lite.build(gguf, weights_backend="ort", activations="int8", draft_head="fast").save(
-        args.workdir / "q8_0-int8", quiet=True
-    )
-    return {"f32": f32, "q8_0-int8": q8, "gguf": gguf}
+    builds = {
+        "f32": (checkpoint, {}),
+        "f32-fast-head": (checkpoint, {"draft_head": "fast"}),
+        "q8_0-int8": (gguf, {"activations": "int8", "draft_head": "fast"}),
+    }
+    built = {
+        name: mobius_lite.build(source, weights_backend="ort", **flags).save(
+            args.workdir / name, quiet=True
+        )
+        for name, (source, flags) in builds.items()
+        if name in args.packages
+    }
+    return {**built, "gguf": gguf}
 
 
 def scripted(known: np.ndarray, vocab: int, p: float, seed: int) -> ScriptedHead:
@@ -293,6 +302,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20, help="head call-cost samples")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--packages",
+        type=lambda text: text.split(","),
+        default=list(PACKAGES),
+        help=f"comma-separated, of {', '.join(PACKAGES)} (default: all)",
+    )
     args = parser.parse_args()
 
     claim_workdir(args.workdir)
@@ -306,7 +321,7 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "threads": args.threads,
-        "packages": {name: run_modes(args, packages[name]) for name in ("f32", "q8_0-int8")},
+        "packages": {name: run_modes(args, packages[name]) for name in args.packages},
         "llama_cpp_q8_0": llamacpp_plain_greedy(args, packages["gguf"]),
     }
     report["wall_s"] = round(time.perf_counter() - start, 1)
