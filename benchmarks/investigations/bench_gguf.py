@@ -56,6 +56,9 @@ llama.cpp on the file named (which must be in --types; F32 always is):
   quantize-int4+exact-fused  --quantize int4 --backend ort --activations exact-fused
                      (int4 experts on QMoE at f32 activations)                  (Q4_0)
   quantize-int4+int8 --quantize int4 --backend ort --activations int8          (Q4_0)
+  quantize-int4asym+ort   --quantize int4 --quantize-asymmetric --backend ort   (Q4_0)
+  quantize-int4asym+int8  --quantize int4 --quantize-asymmetric --backend ort
+                     --activations int8 (uint8 zero points per block)          (Q4_0)
 
 --profile adds onnxruntime's per-node profile of the decode steps (SessionOptions.
 enable_profiling; exclusive kernel time by op type, by layer kind / op, and the MoE layers'
@@ -81,6 +84,12 @@ Usage:
 quantize-q4_0+int8,quantize-int8+ort,quantize-int8+int8,quantize-int4+ort,\
 quantize-int4+exact-fused,quantize-int4+int8 \
         --json benchmarks/investigations/runs/bench_cpu_routes.json
+    # int4 asymmetric's error against q4_0's and int4's (errors only: no llama.cpp, 1 round)
+    python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_int4asym --threads 2 \
+        --without-llamacpp --types Q4_0 --decode-tokens 4 --repeats 1 \
+        --routes ort,quantize-q4_0+ort,quantize-q4_0+int8,quantize-int4+ort,quantize-int4+int8,\
+quantize-int4asym+ort,quantize-int4asym+int8 \
+        --json benchmarks/investigations/runs/bench_int4asym_error.json
 """
 
 from __future__ import annotations
@@ -124,6 +133,9 @@ ROUTES: dict[str, list[str]] = {
     "quantize-int4+exact-fused": ["--quantize", "int4", "--backend", "ort"]
     + ["--activations", "exact-fused"],
     "quantize-int4+int8": ["--quantize", "int4", "--backend", "ort", "--activations", "int8"],
+    "quantize-int4asym+ort": ["--quantize", "int4", "--quantize-asymmetric", "--backend", "ort"],
+    "quantize-int4asym+int8": ["--quantize", "int4", "--quantize-asymmetric", "--backend", "ort"]
+    + ["--activations", "int8"],
 }
 F32_ROUTES = ("standard", "ort", "ort+exact-fused", "safetensors+ort")
 REFERENCE_ROUTE = "ort"
@@ -352,12 +364,12 @@ TIMED = ("prefill_ms", "decode_ms_per_token")
 
 def median_of_rounds(runs: list[dict]) -> dict[str, Any]:
     """One side's runs (rounds) as the first run's facts with the timings' medians, and
-    every round's timings under "rounds"."""
+    every round's timings under "rounds" with the 1-minute load average before it (one round
+    too: the load is the context of every timing)."""
     out = {key: value for key, value in runs[0].items() if key != "load_1min"}
     for key in TIMED:
         out[key] = statistics.median(run[key] for run in runs)
-    if len(runs) > 1:
-        out["rounds"] = [{key: run[key] for key in (*TIMED, "load_1min")} for run in runs]
+    out["rounds"] = [{key: run[key] for key in (*TIMED, "load_1min")} for run in runs]
     return out
 
 
