@@ -84,9 +84,10 @@ Usage:
 quantize-q4_0+int8,quantize-int8+ort,quantize-int8+int8,quantize-int4+ort,\
 quantize-int4+exact-fused,quantize-int4+int8 \
         --json benchmarks/investigations/runs/bench_cpu_routes.json
-    # int4 asymmetric's error against q4_0's and int4's (errors only: no llama.cpp, 1 round)
+    # int4 asymmetric's error against q4_0's and int4's (no llama.cpp: the errors, and the
+    # int8 routes' times beside each other)
     python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_int4asym --threads 2 \
-        --without-llamacpp --types Q4_0 --decode-tokens 4 --repeats 1 \
+        --without-llamacpp --types Q4_0 --rounds 3 --decode-tokens 16 --repeats 2 \
         --routes ort,quantize-q4_0+ort,quantize-q4_0+int8,quantize-int4+ort,quantize-int4+int8,\
 quantize-int4asym+ort,quantize-int4asym+int8 \
         --json benchmarks/investigations/runs/bench_int4asym_error.json
