@@ -98,7 +98,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -112,7 +111,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
-from common import CORPUS, MID, TINY, median_time, open_package, timed_decode, timed_export  # noqa: E402
+from common import (  # noqa: E402
+    CORPUS,
+    MID,
+    TINY,
+    cpu_description,
+    median_time,
+    open_package,
+    timed_decode,
+    timed_export,
+)
 
 from mobius_lite.bench.package_peer import session_options  # noqa: E402
 from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
@@ -573,7 +581,7 @@ def main() -> None:
         "threads": args.threads,
         "prompt_length": args.prompt_length,
         "decode_tokens": args.decode_tokens,
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
+        "machine": cpu_description(),
         "files": {},
     }
     source: tuple[np.ndarray, list[int]] | None = None  # the F32 file's ort logits and tokens

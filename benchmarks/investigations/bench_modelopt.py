@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -63,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # beside this script: 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from bench_gguf import compare_to_reference, mid_moe, ort_child  # noqa: E402
-from common import timed_export  # noqa: E402
+from common import cpu_description, timed_export  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     "small": dict(
@@ -252,7 +251,7 @@ def main() -> None:
         "threads": args.threads,
         "prompt_length": args.prompt_length,
         "decode_tokens": args.decode_tokens,
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} cores",
+        "machine": cpu_description(),
         "rows": [{"side": side, **row} for side, row in rows.items()],
     }
     if args.json:

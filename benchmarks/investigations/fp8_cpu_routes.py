@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -70,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from bench_gguf import mid_moe  # noqa: E402
 from bench_modelopt import run_child  # noqa: E402
-from common import timed_export  # noqa: E402
+from common import cpu_description, timed_export  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},
@@ -245,7 +244,7 @@ def main() -> None:
                 "rounds": args.rounds,
                 "prompt": args.prompt,
                 "decode_tokens": args.decode_tokens,
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "machine": cpu_description(),
                 "rows": rows,
             }
             args.json.write_text(json.dumps(result, indent=2) + "\n")
