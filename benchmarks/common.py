@@ -4,7 +4,7 @@ peer; a package's is mobius_lite.bench's PackagePeer), opening a package's decod
 timing calls, a timed greedy decode and a timed `mobius build` in a child process, and
 llama.cpp's own tools on a checkpoint: a save_pretrained byte-level BPE tokenizer beside it,
 the converter (convert_hf_to_gguf.py of a llama.cpp source tree) and the quantizer
-(llama-cpp-python's llama_model_quantize).
+(llama-cpp-python's llama_model_quantize); and the CPU a recorded run ran on.
 
 The onnxruntime session options, the --workdir guard and the decode-attribution graph edits
 are mobius_lite.bench's (session_options, workdir, attribution).
@@ -13,6 +13,8 @@ are mobius_lite.bench's (session_options, workdir, attribution).
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import statistics
 import subprocess
@@ -107,6 +109,27 @@ def open_package(package: Path, options: Any, model_file: Path | None = None) ->
     start = time.perf_counter()
     session = DecoderSession(model_file or package / DECODER_FILE, session_options=options)
     return session, time.perf_counter() - start
+
+
+# the CPU features the int8 and f32 kernels' speed depends on (int8 dot products, AVX-512, AMX)
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_description() -> str:
+    """The CPU as a recorded run should name it: model name, logical CPU count and which of
+    CPU_FEATURES it has (/proc/cpuinfo; the platform's processor string where that is
+    missing). The int8 routes' ratios to f32 depend on these, so runs on different CPUs are
+    told apart."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{platform.machine()}, {platform.processor() or 'cpu'}, {os.cpu_count()} CPUs"
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    have = [feature for feature in CPU_FEATURES if feature in flags]
+    name = fields.get("model name", platform.processor() or platform.machine())
+    return f"{name}, {os.cpu_count()} CPUs, {' '.join(have) or 'none of ' + str(CPU_FEATURES)}"
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:

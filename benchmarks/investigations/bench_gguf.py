@@ -56,6 +56,9 @@ llama.cpp on the file named (which must be in --types; F32 always is):
   quantize-int4+exact-fused  --quantize int4 --backend ort --activations exact-fused
                      (int4 experts on QMoE at f32 activations)                  (Q4_0)
   quantize-int4+int8 --quantize int4 --backend ort --activations int8          (Q4_0)
+  quantize-int4asym+ort   --quantize int4 --quantize-asymmetric --backend ort   (Q4_0)
+  quantize-int4asym+int8  --quantize int4 --quantize-asymmetric --backend ort
+                     --activations int8 (uint8 zero points per block)          (Q4_0)
 
 --profile adds onnxruntime's per-node profile of the decode steps (SessionOptions.
 enable_profiling; exclusive kernel time by op type, by layer kind / op, and the MoE layers'
@@ -81,6 +84,13 @@ Usage:
 quantize-q4_0+int8,quantize-int8+ort,quantize-int8+int8,quantize-int4+ort,\
 quantize-int4+exact-fused,quantize-int4+int8 \
         --json benchmarks/investigations/runs/bench_cpu_routes.json
+    # int4 asymmetric's error against q4_0's and int4's (no llama.cpp: the errors, and the
+    # int8 routes' times beside each other)
+    python benchmarks/investigations/bench_gguf.py --workdir /tmp/bench_int4asym --threads 2 \
+        --without-llamacpp --types Q4_0 --rounds 3 --decode-tokens 16 --repeats 2 \
+        --routes ort,quantize-q4_0+ort,quantize-q4_0+int8,quantize-int4+ort,quantize-int4+int8,\
+quantize-int4asym+ort,quantize-int4asym+int8 \
+        --json benchmarks/investigations/runs/bench_int4asym_error.json
 """
 
 from __future__ import annotations
@@ -88,7 +98,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -103,7 +112,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
-from common import CORPUS, MID, TINY, median_time, open_package, timed_decode, timed_export  # noqa: E402
+from common import (  # noqa: E402
+    CORPUS,
+    MID,
+    TINY,
+    cpu_description,
+    median_time,
+    open_package,
+    timed_decode,
+    timed_export,
+)
 
 from mobius_lite.bench.package_peer import session_options  # noqa: E402
 from mobius_lite.bench.workdir import claim_workdir, release_workdir  # noqa: E402
@@ -126,6 +144,9 @@ ROUTES: dict[str, list[str]] = {
     "quantize-int4+exact-fused": ["--quantize", "int4", "--backend", "ort"]
     + ["--activations", "exact-fused"],
     "quantize-int4+int8": ["--quantize", "int4", "--backend", "ort", "--activations", "int8"],
+    "quantize-int4asym+ort": ["--quantize", "int4", "--quantize-asymmetric", "--backend", "ort"],
+    "quantize-int4asym+int8": ["--quantize", "int4", "--quantize-asymmetric", "--backend", "ort"]
+    + ["--activations", "int8"],
 }
 F32_ROUTES = ("standard", "ort", "ort+exact-fused", "safetensors+ort")
 REFERENCE_ROUTE = "ort"
@@ -402,12 +423,12 @@ TIMED = ("prefill_ms", "decode_ms_per_token")
 
 def median_of_rounds(runs: list[dict]) -> dict[str, Any]:
     """One side's runs (rounds) as the first run's facts with the timings' medians, and
-    every round's timings under "rounds"."""
+    every round's timings under "rounds" with the 1-minute load average before it (one round
+    too: the load is the context of every timing)."""
     out = {key: value for key, value in runs[0].items() if key != "load_1min"}
     for key in TIMED:
         out[key] = statistics.median(run[key] for run in runs)
-    if len(runs) > 1:
-        out["rounds"] = [{key: run[key] for key in (*TIMED, "load_1min")} for run in runs]
+    out["rounds"] = [{key: run[key] for key in (*TIMED, "load_1min")} for run in runs]
     return out
 
 
@@ -610,7 +631,7 @@ def main() -> None:
         "threads": args.threads,
         "prompt_length": args.prompt_length,
         "decode_tokens": args.decode_tokens,
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
+        "machine": cpu_description(),
         "files": {},
     }
     source: tuple[np.ndarray, list[int]] | None = None  # the F32 file's ort logits and tokens

@@ -5,51 +5,71 @@ it exactly (an E4M3 value is not one integer code times a block scale: a block's
 span more than 3 binades), so the exact CPU routes all compute with the decoded values:
 
 | route            | how                                                                  |
-| f32              | `mobius build --dtype f32`: DequantizeLinear (e4m3 x scale) every     |
-|                  | step, then Gemm; the session keeps the FP8 bytes                     |
+| f32              | `mobius build --dtype f32` (the default): DequantizeLinear (e4m3 x    |
+|                  | scale) every step, then Gemm; routed experts: the selected experts'  |
+|                  | rows gathered (GatherBlockQuantized) and decoded every call; the     |
+|                  | session keeps the FP8 bytes                                          |
 | f16              | `--dtype f16`: the same decode, float32 Gemm, the result rounded     |
 | f32-ort          | `--backend ort --activations exact-fused`: as f32, with onnxruntime's |
 |                  | contrib Mamba / attention kernels (FP8 leaves the CUDA-only kernel)  |
 | f32-folded       | the f32 graph with each DequantizeLinear of an FP8 initializer        |
 |                  | replaced by Cast + Mul, which onnxruntime folds once at session      |
-|                  | creation: dense FP32 weights in memory (4x the FP8 bytes), no decode |
-|                  | per step (a graph edit here, timing only)                            |
+|                  | creation: the linears dense FP32 in memory, no decode per step for   |
+|                  | them; the experts' gathered decode stays (a graph edit here)         |
 | f32-ort-folded   | f32-ort edited the same way                                          |
+| f32-dense        | the FP8 weights decoded once (e4m3 x scale in float32, the same      |
+|                  | product the graphs compute: reference_fixtures' independent decode)  |
+|                  | into a plain f32 safetensors checkpoint, built `--backend ort`: the  |
+|                  | dense f32 package of the same weights, experts on the MoE kernel.    |
+|                  | `mobius build` has no flag for it (`--dequantize` is refused for     |
+|                  | ModelOpt sources): the benchmark writes that checkpoint itself       |
 
-Each route runs in alternating rounds in one process, after one discarded warm-up session
-(so that library loading stays out of the first route's RSS): session creation (seconds, RSS
-growth),
-prefill of `--prompt` tokens and greedy decode ms/token (medians over rounds), and the first
-step's logits against the f32 route's (NRMSE; the f32 routes must agree within the FP32
-gates, f16 is reported). Package bytes are the external data written.
+Each route's package is built once (/usr/bin/time: export wall time and peak RSS); then each
+round runs every route in a fresh process (bench_gguf.py's child through bench_modelopt.py:
+session creation time and the RSS it added, prefill of --prompt tokens as the median of
+--repeats calls, greedy decode ms/token as the median after the first step, the process's
+peak RSS, the logits), the routes rotating from round to round, the 1-minute load average
+recorded before each. The prefill logits (last position) are compared with the f32 route's
+and the f32-ort route's (NRMSE: the f32 routes must agree within the FP32 gates; f16 is
+reported; against f32-ort, the routes with the same contrib kernels differ only in how they
+hold the weights). Package bytes are
+the weight bytes the export wrote.
 
-Usage (the lead runs it on the mid model; tiny is a smoke run):
+Sizes (--size, the fixtures' random FP8 checkpoint): tiny (a smoke run), small (hidden 512,
+6 layers, 32 experts), mid (docs/cpu_routes.md's model: common.py's MID widths, ME*MEME*ME);
+or --model, a ModelOpt FP8 checkpoint directory.
+
+Usage:
     python benchmarks/investigations/fp8_cpu_routes.py --size tiny --workdir /tmp/fp8_routes \
         --rounds 1
+    python benchmarks/investigations/fp8_cpu_routes.py --size mid --threads 2 --rounds 5 \
+        --prompt 128 --json benchmarks/investigations/runs/fp8_cpu_routes.json
     python benchmarks/investigations/fp8_cpu_routes.py --model CHECKPOINT_DIR --threads 2 \
-        --rounds 5 --json benchmarks/investigations/runs/fp8_cpu_routes.json
+        --rounds 5 --json OUT.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mobius_lite.bench.attribution import package_with_graph
-from mobius_lite.bench.measure import rss_bytes
-from mobius_lite.bench.package_peer import session_options
 from mobius_lite.bench.workdir import claim_workdir, release_workdir
 from mobius_lite.layout import DECODER_FILE
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # beside this script: bench_*
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
-from common import open_package, timed_decode, timed_export  # noqa: E402
+from bench_gguf import mid_moe  # noqa: E402
+from bench_modelopt import run_child  # noqa: E402
+from common import cpu_description, timed_export  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},
@@ -69,6 +89,8 @@ SIZES: dict[str, dict[str, Any]] = {
         moe_intermediate_size=256,
         moe_shared_expert_intermediate_size=512,
     ),
+    # docs/cpu_routes.md's model: common.py's MID widths without dense MLP layers
+    "mid": mid_moe("mid"),
 }
 BUILT = {
     "f32": ["--dtype", "f32"],
@@ -76,6 +98,9 @@ BUILT = {
     "f32-ort": ["--dtype", "f32", "--backend", "ort", "--activations", "exact-fused"],
 }
 FOLDED = {"f32-folded": "f32", "f32-ort-folded": "f32-ort"}
+DENSE = {"f32-dense": ["--dtype", "f32", "--backend", "ort"]}
+REFERENCE = "f32"  # the default build
+TIMED = ("session_create_s", "session_rss_mib", "prefill_ms", "decode_ms_per_token")
 
 
 def fold_fp8_decodes(package: Path, out: Path) -> tuple[Path, int]:
@@ -112,23 +137,20 @@ def checkpoint(args: argparse.Namespace) -> Path:
     return path
 
 
-def measure(package: Path, threads: int, prompt: np.ndarray, steps: int) -> dict[str, Any]:
-    """One round of one route: session creation, prefill, decode, first logits."""
-    before = rss_bytes()
-    session, created = open_package(package, session_options(threads))
-    grown = rss_bytes() - before
-    session.reset(1)
-    start = time.perf_counter()
-    out = session.step(prompt)
-    prefill = time.perf_counter() - start
-    decoded = timed_decode(session, out["logits"], steps)
-    return {
-        "session_create_s": created,
-        "session_rss_growth_mib": grown / 2**20,
-        "prefill_ms": 1e3 * prefill,
-        "decode_ms_per_token": 1e3 * decoded.median_after_first,
-        "logits": out["logits"][0, -1].astype(np.float64),
-    }
+def dense_checkpoint(source: Path, out: Path) -> Path:
+    """`source`'s weights decoded once into a plain float32 checkpoint (config.json without
+    the quantization, the fixtures' independent decode: e4m3 x scale in float32; scales,
+    input / KV scales dropped)."""
+    from safetensors.numpy import save_file
+
+    from reference_fixtures import modelopt_fixtures as mf
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(mf.dequantized_state_dict(source), out / "model.safetensors")
+    return out
 
 
 def packages(source: Path, workdir: Path) -> dict[str, dict[str, Any]]:
@@ -141,33 +163,45 @@ def packages(source: Path, workdir: Path) -> dict[str, dict[str, Any]]:
         path, changed = fold_fp8_decodes(out[base]["path"], workdir / name)
         out[name] = {"path": path, "package_weight_bytes": out[base]["package_weight_bytes"]}
         out[name]["folded_decodes"] = changed
+    dense = dense_checkpoint(source, workdir / "dense_checkpoint")
+    for name, flags in DENSE.items():
+        path = workdir / name
+        out[name] = {"path": path, **timed_export(dense, path, flags)}
     return out
 
 
-def summarize(routes: dict[str, dict[str, Any]], rounds: list[dict[str, dict]]) -> list[dict]:
-    """Per route: medians over rounds, and the first logits' NRMSE against the f32 route."""
+def summarize(routes: dict[str, dict[str, Any]], rounds: dict[str, list[dict]], workdir: Path):
+    """Per route: medians over rounds, the peak RSS, the prefill logits' NRMSE against the
+    f32 and f32-ort routes' and the decode ratio to f32."""
     from mobius_lite.evaluation.metrics import compare
 
-    reference = rounds[0]["f32"]["logits"]
+    reference = np.load(workdir / f"logits_{REFERENCE}.npy")[0]
+    same_kernels = np.load(workdir / "logits_f32-ort.npy")[0]
     rows = []
     for name, info in routes.items():
-        runs = [r[name] for r in rounds]
-        row = {"route": name, "package_weight_bytes": info["package_weight_bytes"]}
-        for key in ("session_create_s", "session_rss_growth_mib", "prefill_ms"):
-            row[key] = float(np.median([r[key] for r in runs]))
-        row["decode_ms_per_token"] = float(np.median([r["decode_ms_per_token"] for r in runs]))
-        row["logits_nrmse_vs_f32"] = compare(name, runs[0]["logits"], reference).nrmse
-        if "folded_decodes" in info:
-            row["folded_decodes"] = info["folded_decodes"]
+        runs = rounds[name]
+        row: dict[str, Any] = {"route": name}
+        row |= {k: v for k, v in info.items() if k != "path"}
+        row |= {key: statistics.median(run[key] for run in runs) for key in TIMED}
+        row["peak_rss_mib"] = max(run["peak_rss_mib"] for run in runs)
+        logits = np.load(workdir / f"logits_{name}.npy")[0]
+        row["logits_nrmse_vs_f32"] = compare(name, logits, reference).nrmse
+        # the same contrib Mamba / attention kernels: what the weights' route alone changes
+        row["logits_nrmse_vs_f32_ort"] = compare(name, logits, same_kernels).nrmse
+        row["rounds"] = [{k: run[k] for k in (*TIMED, "peak_rss_mib", "load_1min")} for run in runs]
         rows.append(row)
-    base = next(r for r in rows if r["route"] == "f32")["decode_ms_per_token"]
+    base = next(r for r in rows if r["route"] == REFERENCE)["decode_ms_per_token"]
     for row in rows:
         row["decode_vs_f32"] = row["decode_ms_per_token"] / base
     return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.split("\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", type=Path, help="a ModelOpt FP8 checkpoint directory")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fp8_cpu_routes"))
@@ -175,30 +209,44 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--decode-tokens", type=int, default=17)
+    parser.add_argument("--repeats", type=int, default=3, help="prefill calls timed per round")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     args = parser.parse_args()
     claim_workdir(args.workdir)
+    # bench_modelopt's child reads these names
+    child_args = argparse.Namespace(
+        threads=args.threads,
+        prompt_length=args.prompt,
+        decode_tokens=args.decode_tokens,
+        repeats=args.repeats,
+    )
     try:
         routes = packages(checkpoint(args), args.workdir)
-        from mobius_lite.configs import NemotronHConfig
-
-        vocab = NemotronHConfig.from_file(routes["f32"]["path"]).vocab_size
-        prompt = np.random.default_rng(0).integers(3, vocab, size=(1, args.prompt))
-        measure(routes["f32"]["path"], args.threads, prompt, 2)  # warm-up: libraries loaded
-        rounds = []
-        for _ in range(args.rounds):  # alternating: every route once per round
-            rounds.append(
-                {
-                    name: measure(info["path"], args.threads, prompt, args.decode_tokens)
-                    for name, info in routes.items()
-                }
-            )
-        rows = summarize(routes, rounds)
+        os.sync()  # the exports' pages reach the disk before any timing starts
+        names = list(routes)
+        rounds: dict[str, list[dict]] = {name: [] for name in names}
+        for index in range(args.rounds):  # rotating: every route once per round
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                out = args.workdir / f"logits_{name}.npy"
+                rounds[name].append(run_child(routes[name]["path"], out, child_args))
+                print(name, "round", index, rounds[name][-1]["decode_ms_per_token"], flush=True)
+        rows = summarize(routes, rounds, args.workdir)
         for row in rows:
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
         if args.json:
-            result = {"threads": args.threads, "rounds": args.rounds, "rows": rows}
+            result = {
+                "command": " ".join(
+                    ["python benchmarks/investigations/fp8_cpu_routes.py", *sys.argv[1:]]
+                ),
+                "size": args.size if args.model is None else str(args.model),
+                "threads": args.threads,
+                "rounds": args.rounds,
+                "prompt": args.prompt,
+                "decode_tokens": args.decode_tokens,
+                "machine": cpu_description(),
+                "rows": rows,
+            }
             args.json.write_text(json.dumps(result, indent=2) + "\n")
     finally:
         if not args.keep:
