@@ -616,3 +616,13 @@ def test_head_logits_to_keep_is_the_last_positions_logits(nemotron_h) -> None:
     np.testing.assert_array_equal(last_hidden, full_hidden)
     for name, value in full.past.items():
         np.testing.assert_array_equal(last.past[name], value)
+
+
+def test_head_session_threads_do_not_spin(nemotron_h) -> None:
+    """The head takes turns with the decoder on the same cores: its session's intra-op
+    threads block when a call ends (a spinning pool kept the cores from the decoder)."""
+    from mobius_lite.run.mtp_head import open_head
+    from mobius_lite.run.ort_session import ALLOW_SPINNING
+
+    options = open_head(nemotron_h["out"]).session.get_session_options()
+    assert options.get_session_config_entry(ALLOW_SPINNING) == "0"

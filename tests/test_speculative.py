@@ -366,9 +366,10 @@ def test_adaptive_k_keeps_plain_tokens_and_states(
     assert stats.rollbacks == 0 and set(stats.k_rounds) <= set(range(5))
     assert stats.decoder_calls == 1 + stats.rounds
     if wrong == "never":
-        # a plain step (measuring D(1)), one with a probe, then drafting up to k_max (the
-        # last rounds draft less only to end on time)
-        assert control.chosen[0] == 2 and stats.probes == stats.probes_right == 1
+        # a plain step (measuring D(1)), two with a probe (the first catches the head up on
+        # the prompt, the second times a one-position head call), then drafting up to k_max
+        # (the last rounds draft less only to end on time)
+        assert control.chosen[0] == 3 and stats.probes == stats.probes_right == 2
         assert control.chosen.get(4, 0) >= stats.rounds - 6
     elif wrong == "always":
         # only plain steps: the probes find the drafter wrong without a verifying call

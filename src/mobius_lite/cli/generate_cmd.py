@@ -211,12 +211,14 @@ def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], 
     from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.greedy import greedy_tokens
     from mobius_lite.run.mtp_head import open_head
+    from mobius_lite.run.ort_session import without_spinning
     from mobius_lite.run.speculative import speculative_greedy
 
     head = open_head(decoder_file.parent, providers) if args.speculative else None
     if head is not None:
         _warn_if_inexact_verification(decoder_file)
-    session = DecoderSession(decoder_file, providers)
+    # beside a head, the decoder's threads must not spin between calls (without_spinning)
+    session = DecoderSession(decoder_file, providers, without_spinning() if head else None)
     if head is None:
         printer.stream(greedy_tokens(session, ids, args.max_new_tokens, stop_tokens=stops), ids)
         return
@@ -235,8 +237,9 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
     from mobius_lite.media.image import ImageProcessorConfig, load_image, preprocess
     from mobius_lite.media.prompt import expand
     from mobius_lite.run.omni_session import Media, OmniSession
+    from mobius_lite.run.ort_session import without_spinning
 
-    session = OmniSession(package, providers)
+    session = OmniSession(package, providers, without_spinning() if args.speculative else None)
     media = Media()
     image_tokens: list[int] = []
     if args.image:

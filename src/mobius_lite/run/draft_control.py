@@ -22,9 +22,10 @@ known): an MoE decoder's verifying call reads more experts per position, so it i
 assumed free.
 
 Learning about the head costs no decoder call: a plain step can be a probe, which drafts one
-token and checks it against the step's own greedy choice. The first probe comes after the
-first plain step; later ones after `probe` plain steps, each wrong probe doubling the wait
-(up to `max_probe`), a right one resetting it. A bad head therefore costs its probes' head
+token and checks it against the step's own greedy choice. Probes start after the first plain
+step and go on until a head call over one position is timed (the first one catches the head
+up on the prompt, which is no draft's cost); later ones come after `probe` plain steps, each
+wrong probe doubling the wait (up to `max_probe`), a right one resetting it. A bad head therefore costs its probes' head
 calls only, and a good one is drafted from as soon as its estimated rate beats plain steps.
 The choice changes only how many tokens a round verifies, never which tokens are emitted.
 """
@@ -56,7 +57,7 @@ class DraftController:
     prior: tuple[float, float] = (0.25, 0.25)  # pseudo-counts of accepted / rejected drafts
     probe: int = 8  # plain steps between probes
     max_probe: int = 256
-    verify_slope: float = 0.5  # D(n) - D(n - 1) over D(1) before two sizes are measured
+    verify_slope: float = 0.25  # D(n) - D(n - 1) over D(1) before two sizes are measured
     accepted: float = 0.0
     rejected: float = 0.0
     decoder_seconds: dict[int, float] = field(default_factory=dict)  # D(n), by positions n
@@ -100,7 +101,7 @@ class DraftController:
         self.decoder_seconds[positions] = self._latest(positions, seconds)
 
     def observe_head(self, seconds: float) -> None:
-        """One head call (a draft)."""
+        """One head call over one position (a draft)."""
         self.head_seconds = self._latest("head", seconds)
 
     def _latest(self, key: int | str, seconds: float) -> float:
@@ -130,7 +131,7 @@ class DraftController:
         measured (plain steps before), and a probe on a plain step when one is due."""
         if 1 not in self.decoder_seconds:
             plan = RoundPlan(0)
-        elif self.head_seconds is None:
+        elif self.head_seconds is None:  # probes until a one-position head call is timed
             plan = RoundPlan(0, probe=True)
         else:
             k = max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))

@@ -25,7 +25,7 @@ from mobius_lite.io_contract import (
     MTP_HIDDEN_STATES,
 )
 from mobius_lite.run.cached_session import CachedSession
-from mobius_lite.run.ort_session import quiet_options
+from mobius_lite.run.ort_session import without_spinning
 from mobius_lite.run.package_reader import PackageFiles, open_package
 
 
@@ -133,13 +133,14 @@ def open_head(
 def head_session(
     path: Path, providers: list[str] | None = None, session_options: Any = None
 ) -> MtpHead:
-    """An MtpHead over a head graph file. A fast head's dense projections (listed in its
-    metadata at build) are re-laid as int8 blocks in memory (graphs/draft_int8.py), the
-    other initializers read from the package's external data as usual; `session_options`
-    then gets the external-data folder entry a model given as bytes needs."""
+    """An MtpHead over a head graph file, its session's threads not spinning between calls
+    (ort_session.without_spinning: the head takes turns with the decoder on the same cores).
+    A fast head's dense projections (listed in its metadata at build) are re-laid as int8
+    blocks in memory (graphs/draft_int8.py), the other initializers read from the package's
+    external data as usual. `session_options` (or new ones) get these config entries."""
+    options = without_spinning(session_options)
     model = ir.load(path)
     if not relay_draft_int8(model):
-        return MtpHead(path, providers, session_options)
-    options = quiet_options(session_options)
+        return MtpHead(path, providers, options)
     options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(path.parent))
     return MtpHead(ir.serde.serialize_model(model).SerializeToString(), providers, options)

@@ -293,14 +293,18 @@ class _Calls:
         return out
 
     def draft(self, backlog: _HeadBacklog, count: int, batch: int) -> np.ndarray:
-        """`count` drafts per row [batch, count] (none when count is 0), timed."""
+        """`count` drafts per row [batch, count] (none when count is 0). The controller times
+        the head's one-position calls only: a call catching up on a backlog (the prompt, or
+        the steps since the last probe) is a one-off, not what a draft costs."""
         if not count:
             return np.zeros((batch, 0), dtype=np.int64)
-        start = time.perf_counter()
-        drafts = _draft(self.head, backlog, count)
-        self.controller.observe_head((time.perf_counter() - start) / count)
+        drafts = _draft(self.head, backlog, count, self._timed_head)
         self.stats.head_calls += count
         return drafts
+
+    def _timed_head(self, positions: int, seconds: float) -> None:
+        if positions == 1:
+            self.controller.observe_head(seconds)
 
     def count_round(self, drafted: int, accepted: int, batch: int) -> None:
         self.controller.observe_round(drafted, accepted)
@@ -328,28 +332,40 @@ class _Calls:
         return _hidden(rerun, kept)
 
 
-def _draft(head: DraftHead, backlog: _HeadBacklog, count: int) -> np.ndarray:
+def _draft(
+    head: DraftHead, backlog: _HeadBacklog, count: int, timed: Callable[[int, float], None]
+) -> np.ndarray:
     """`count` chained drafts [batch, count]. The first call runs the backlog (real tokens and
     decoder hidden states); each later one runs one position on the previous draft and the
-    head's own hidden state, an entry the caller cuts from the cache after verification."""
+    head's own hidden state, an entry the caller cuts from the cache after verification.
+    `timed(positions, seconds)` hears of every call."""
     ids, hidden, mask = backlog.take()
-    logits, mtp_hidden = _head_step(head, ids, hidden, mask)
+    logits, mtp_hidden = _head_step(head, ids, hidden, mask, timed)
     drafts = [logits[:, -1].argmax(-1)]
     ones = np.ones((ids.shape[0], 1), np.int64)
     for _ in range(count - 1):
-        logits, mtp_hidden = _head_step(head, drafts[-1][:, None], mtp_hidden[:, -1:], ones)
+        previous = drafts[-1][:, None]
+        logits, mtp_hidden = _head_step(head, previous, mtp_hidden[:, -1:], ones, timed)
         drafts.append(logits[:, -1].argmax(-1))
     return np.stack(drafts, axis=1).astype(np.int64)
 
 
 def _head_step(
-    head: DraftHead, ids: np.ndarray, hidden: np.ndarray, mask: np.ndarray
+    head: DraftHead,
+    ids: np.ndarray,
+    hidden: np.ndarray,
+    mask: np.ndarray,
+    timed: Callable[[int, float], None],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One head call; the package's head computes the last position's logits only (its
-    lm_head over a backlog of positions would cost as much as the rest of the call)."""
+    """One head call, timed; the package's head computes the last position's logits only
+    (its lm_head over a backlog of positions would cost as much as the rest of the call)."""
+    start = time.perf_counter()
     if isinstance(head, MtpHead):
-        return head.step(ids, hidden, mask, logits_to_keep=1)
-    return head.step(ids, hidden, mask)
+        out = head.step(ids, hidden, mask, logits_to_keep=1)
+    else:
+        out = head.step(ids, hidden, mask)
+    timed(ids.shape[1], time.perf_counter() - start)
+    return out
 
 
 def _hidden(out: dict[str, np.ndarray], positions: int) -> np.ndarray:
