@@ -19,6 +19,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import mobius_lite
@@ -114,8 +115,34 @@ def test_weights_are_the_e4m3_values_and_the_scales_are_output_scales(fp8, dtype
     assert not [
         t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN
     ]
-    ops = {n.op_type for g in [model.graph] for n in g.node}
-    assert "DequantizeLinear" not in ops
+    assert "DequantizeLinear" not in _ops(model.graph)
+
+
+def _ops(graph: onnx.GraphProto) -> set[str]:
+    """The op types of a graph and of every subgraph in it."""
+    ops = set()
+    for node in graph.node:
+        ops.add(node.op_type)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                ops |= _ops(attr.g)
+    return ops
+
+
+def test_f32_experts_fold_their_scales_and_take_the_dense_paths(fp8, tmp_path) -> None:
+    """f32: each stacked expert weight times its per-expert scale is a constant expression
+    onnxruntime folds at session creation, so the experts compute as dense f32 experts (the
+    Scan over weight slices is in the graph) and the session holds no unscaled expert weight
+    or expert scale."""
+    model = onnx.load(fp8["f32"] / "model.onnx", load_external_data=False)
+    assert "Scan" in _ops(model.graph)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(fp8["f32"] / "model.onnx"), options, ["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
+    names = {t.name for t in optimized.graph.initializer}
+    experts = [n for n in names if re.search(r"\.experts\.(up|down)_proj", n)]
+    assert experts == [], experts
 
 
 def test_verify_passes_and_the_manifest_records_the_cast(fp8, capsys) -> None:
