@@ -34,6 +34,12 @@ pytestmark = pytest.mark.slow  # builds packages and runs them against transform
 
 EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>up_proj|down_proj)\.weight$")
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+# package -> its build flags (beside --dequantize); f32-fused: the experts on the MoE kernel
+ROUTES = {
+    "f32": ["--dtype", "f32"],
+    "f16": ["--dtype", "f16"],
+    "f32-fused": ["--dtype", "f32", "--backend", "ort", "--activations", "exact-fused"],
+}
 
 
 def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -46,20 +52,24 @@ def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def fp8(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The fixtures' FP8 checkpoint and its --dequantize packages (f32, f16), built by the CLI."""
+    """The fixtures' FP8 checkpoint and its --dequantize packages (ROUTES), built by the CLI."""
     root = tmp_path_factory.mktemp("modelopt_dequantize")
     out = {"checkpoint": root / "checkpoint"}
     mf.write_checkpoint("fp8", out["checkpoint"])
-    for dtype in ("f32", "f16"):
-        out[dtype] = root / dtype
-        args = ["build", "--model", str(out["checkpoint"]), "--output", str(out[dtype])]
-        assert main([*args, "--dtype", dtype, "--dequantize", "-q"]) == 0
+    for name, flags in ROUTES.items():
+        out[name] = root / name
+        args = ["build", "--model", str(out["checkpoint"]), "--output", str(out[name])]
+        assert main([*args, *flags, "--dequantize", "-q"]) == 0
     return out
 
 
 @pytest.mark.parametrize(
     ("dtype", "nrmse", "cosine"),
-    [("f32", FP32_NRMSE, FP32_COSINE), ("f16", RELEASE_NRMSE, RELEASE_COSINE)],
+    [
+        ("f32", FP32_NRMSE, FP32_COSINE),
+        ("f16", RELEASE_NRMSE, RELEASE_COSINE),
+        ("f32-fused", FP32_NRMSE, FP32_COSINE),
+    ],
 )
 def test_matches_transformers_on_the_dequantized_weights(
     fp8, dtype, nrmse, cosine, tmp_path
@@ -132,10 +142,12 @@ def _ops(graph: onnx.GraphProto) -> set[str]:
 def test_f32_experts_fold_their_scales_and_take_the_dense_paths(fp8, tmp_path) -> None:
     """f32: each stacked expert weight times its per-expert scale is a constant expression
     onnxruntime folds at session creation, so the experts compute as dense f32 experts (the
-    Scan over weight slices is in the graph) and the session holds no unscaled expert weight
-    or expert scale."""
+    Scan over weight slices is in the graph; with exact-fused the MoE kernel) and the session
+    holds no unscaled expert weight or expert scale."""
     model = onnx.load(fp8["f32"] / "model.onnx", load_external_data=False)
     assert "Scan" in _ops(model.graph)
+    fused = onnx.load(fp8["f32-fused"] / "model.onnx", load_external_data=False)
+    assert "MoE" in _ops(fused.graph)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(str(fp8["f32"] / "model.onnx"), options, ["CPUExecutionProvider"])

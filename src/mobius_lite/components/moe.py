@@ -100,7 +100,7 @@ class Experts(WeightedModule):
     def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
         """Under a fused activation mode, a packed slot as a QMoE operand where it fits
         exactly (the format's on_fused_experts); otherwise `fmt`, said once."""
-        if not fused_kernels(self.ctx) or isinstance(fmt, DenseWeight):
+        if not fused_kernels(self.ctx) or _dense_experts(fmt):
             return fmt
         moved = fmt.on_fused_experts("fc1" if attr == "up_proj" else "fc2", self._int8)
         if isinstance(moved, str):
@@ -337,6 +337,12 @@ class Experts(WeightedModule):
         )
         flat_row = _flat_rows(op, x, self.spec.num_experts_per_tok)
         return scan(op, x, flat_row, flat_expert, flat_weight)
+
+
+def _dense_experts(fmt: WeightFormat) -> bool:
+    """Whether stacked experts of format `fmt` compute as dense experts: dense weights, or
+    output-scaled dense ones folded into one dense value (OutputScaled.folds)."""
+    return isinstance(fmt, DenseWeight) or (isinstance(fmt, OutputScaled) and fmt.folds)
 
 
 class MoE(nn.Module):
