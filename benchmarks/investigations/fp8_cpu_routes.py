@@ -17,12 +17,13 @@ span more than 3 binades), so the exact CPU routes all compute with the decoded 
 |                  | creation: the linears dense FP32 in memory, no decode per step for   |
 |                  | them; the experts' gathered decode stays (a graph edit here)         |
 | f32-ort-folded   | f32-ort edited the same way                                          |
-| f32-dense        | the FP8 weights decoded once (e4m3 x scale in float32, the same      |
-|                  | product the graphs compute: reference_fixtures' independent decode)  |
-|                  | into a plain f32 safetensors checkpoint, built `--backend ort`: the  |
-|                  | dense f32 package of the same weights, experts on the MoE kernel.    |
-|                  | `mobius build` has no flag for it (`--dequantize` is refused for     |
-|                  | ModelOpt sources): the benchmark writes that checkpoint itself       |
+| f32-dense        | `--dtype f32 --backend ort --dequantize`: the E4M3 values written as |
+|                  | dense f32 (an exact cast), each weight_scale the slot's output scale |
+|                  | (linears: (x W^T) * s; experts: W * s folded once at session         |
+|                  | creation, then the dense experts' paths); 4 bytes per weight         |
+|                  | (runs/fp8_cpu_routes.json's f32-dense was the same weights decoded   |
+|                  | into an f32 checkpoint by the benchmark, before `--dequantize` took  |
+|                  | ModelOpt FP8)                                                        |
 
 Each route's package is built once (/usr/bin/time: export wall time and peak RSS); then each
 round runs every route in a fresh process (bench_gguf.py's child through bench_modelopt.py:
@@ -96,9 +97,9 @@ BUILT = {
     "f32": ["--dtype", "f32"],
     "f16": ["--dtype", "f16"],
     "f32-ort": ["--dtype", "f32", "--backend", "ort", "--activations", "exact-fused"],
+    "f32-dense": ["--dtype", "f32", "--backend", "ort", "--dequantize"],
 }
 FOLDED = {"f32-folded": "f32", "f32-ort-folded": "f32-ort"}
-DENSE = {"f32-dense": ["--dtype", "f32", "--backend", "ort"]}
 REFERENCE = "f32"  # the default build
 TIMED = ("session_create_s", "session_rss_mib", "prefill_ms", "decode_ms_per_token")
 
@@ -137,22 +138,6 @@ def checkpoint(args: argparse.Namespace) -> Path:
     return path
 
 
-def dense_checkpoint(source: Path, out: Path) -> Path:
-    """`source`'s weights decoded once into a plain float32 checkpoint (config.json without
-    the quantization, the fixtures' independent decode: e4m3 x scale in float32; scales,
-    input / KV scales dropped)."""
-    from safetensors.numpy import save_file
-
-    from reference_fixtures import modelopt_fixtures as mf
-
-    out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((source / "config.json").read_text())
-    config.pop("quantization_config", None)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(mf.dequantized_state_dict(source), out / "model.safetensors")
-    return out
-
-
 def packages(source: Path, workdir: Path) -> dict[str, dict[str, Any]]:
     """Every route's package (built, or edited from a built one) and its weight bytes."""
     out: dict[str, dict[str, Any]] = {}
@@ -163,10 +148,6 @@ def packages(source: Path, workdir: Path) -> dict[str, dict[str, Any]]:
         path, changed = fold_fp8_decodes(out[base]["path"], workdir / name)
         out[name] = {"path": path, "package_weight_bytes": out[base]["package_weight_bytes"]}
         out[name]["folded_decodes"] = changed
-    dense = dense_checkpoint(source, workdir / "dense_checkpoint")
-    for name, flags in DENSE.items():
-        path = workdir / name
-        out[name] = {"path": path, **timed_export(dense, path, flags)}
     return out
 
 

@@ -167,7 +167,7 @@ def build(
         state_window_kernel=state_window_kernel,
     )
     opened = open_checkpoint(model, revision, gguf_file=gguf_file, config_json=config)
-    check_opened(opened, model, task, route.plan)
+    check_opened(opened, model, task, route.plan, route.dequantize)
     # the one parse of the config: its errors come before any weight download
     model_type, parsed = read_config(opened.raw_config)
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
@@ -263,13 +263,19 @@ def check_build_route(
 
 
 def check_opened(
-    opened: OpenedCheckpoint, model: Any, task: str | None, plan: QuantizePlan | None
+    opened: OpenedCheckpoint,
+    model: Any,
+    task: str | None,
+    plan: QuantizePlan | None,
+    dequantize: bool = False,
 ) -> None:
     """What the opened checkpoint's config and small files say, checked before its weights are
-    fetched: the task fits its model type, its weight format and a quantization at export fit
-    its source kind, its tokenizer.json is readable."""
+    fetched: the task fits its model type, its weight format, a quantization at export and
+    `dequantize` fit its source kind, its tokenizer.json is readable."""
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
+    if dequantize and opened.dequantize_refusal is not None:
+        raise RouteError(f"--dequantize: {opened.dequantize_refusal}")
     if plan is not None and opened.kind != SAFETENSORS_KIND.name:
         raise RouteError(
             f"{model} is a {opened.kind} checkpoint, whose weights are already packed; "

@@ -25,7 +25,11 @@ from mobius_lite.configs.gguf_metadata import config_from_checkpoint
 from mobius_lite.errors import ConfigError
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.models.nemotron_h_gguf import gguf_source_layout
-from mobius_lite.models.nemotron_h_names import SourceLayout, safetensors_source_layout
+from mobius_lite.models.nemotron_h_names import (
+    SourceLayout,
+    modelopt_source_layout,
+    safetensors_source_layout,
+)
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.sources.gguf_file import GGUF, GGUFCheckpoint, is_gguf
@@ -142,7 +146,7 @@ GGUF_KIND = SourceKind(
 )
 MODELOPT_KIND = SourceKind(
     name=MODELOPT,
-    layout=safetensors_source_layout,
+    layout=modelopt_source_layout,
     local_tensors=_local_modelopt,
     claims_config=is_modelopt,
     refine=open_modelopt,

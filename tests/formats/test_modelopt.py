@@ -432,9 +432,30 @@ def test_storages_are_verbatim_and_refuse_dense_targets() -> None:
     assert weights.conversion_to(dense(E4M3)).verbatim
     raw = bytes(range(256))
     assert scales.conversion_to(dense(np.uint8)).convert(raw) == raw  # the bits, not a cast
-    for s in (codes, weights):
-        with pytest.raises(RouteError, match="--dequantize"):
+    for s in (codes, scales):
+        with pytest.raises(RouteError, match="NVFP4 weights have no dense conversion"):
             s.conversion_to(dense(np.float32))
+    for target in (np.int8, ml_dtypes.float8_e5m2):
+        with pytest.raises(RouteError, match="FP8 weights convert to"):
+            weights.conversion_to(dense(target))
+
+
+@pytest.mark.parametrize("target", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_fp8_weights_cast_exactly_to_dense_floats(target) -> None:
+    """--dequantize: every E4M3 bit pattern becomes the float ml_dtypes decodes it to (in
+    float64, then the target: exact, each value is representable), NaN patterns NaN; verify's
+    recompute (ml_dtypes' own cast) gives the same bytes."""
+    from mobius_lite.formats.dense import dense
+    from mobius_lite.formats.modelopt import storage
+
+    conversion = storage.fp8_weights(()).conversion_to(dense(target))
+    assert (conversion.name, conversion.unit_bytes, conversion.verbatim) == ("cast", 1, False)
+    raw = bytes(range(256))
+    written = np.frombuffer(bytes(conversion.convert(raw)), dtype=target)
+    expected = np.frombuffer(raw, dtype=E4M3).astype(np.float64)
+    assert np.array_equal(written.astype(np.float64), expected, equal_nan=True)
+    assert np.array_equal(written.astype(np.float64).astype(target), written, equal_nan=True)
+    assert conversion.recompute(raw) == bytes(conversion.convert(raw))
 
 
 def test_weight_formats_parameters_and_routes() -> None:

@@ -202,7 +202,9 @@ def _add_weight_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dequantize",
         action="store_true",
-        help="store packed weights as dense --dtype weights instead (never done unless asked)",
+        help="store packed weights as dense --dtype weights instead (never done unless asked); "
+        "ModelOpt FP8: the E4M3 values as float32 with each weight_scale applied to the "
+        "output (4 bytes per weight); ModelOpt NVFP4 is refused",
     )
 
 

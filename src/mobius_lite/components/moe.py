@@ -19,7 +19,7 @@ from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fuse
 from mobius_lite.components.moe_scan import ExpertScan
 from mobius_lite.configs.layers import MoESpec
 from mobius_lite.enums import Activations
-from mobius_lite.formats.weight import DenseWeight, FusedExperts, WeightFormat
+from mobius_lite.formats.weight import DenseWeight, FusedExperts, OutputScaled, WeightFormat
 
 INT64 = ir.DataType.INT64
 EXPERT_SLOTS = ("up_proj", "down_proj")
@@ -93,12 +93,14 @@ class Experts(WeightedModule):
         self.weight_slot("down_proj", (e, input_size, inner))
         # slot -> its QMoE operand, for the slots moved onto the fused kernel (--activations)
         self._operands: dict[str, FusedExperts] = {}
+        # slot -> its output-scaled dense weight folded into one dense value (forward)
+        self._folded: dict[str, ir.Value] = {}
 
     # ------------------------------------------------------------------ fused kernels
     def kernel_format(self, attr: str, fmt: WeightFormat) -> WeightFormat:
         """Under a fused activation mode, a packed slot as a QMoE operand where it fits
         exactly (the format's on_fused_experts); otherwise `fmt`, said once."""
-        if not fused_kernels(self.ctx) or isinstance(fmt, DenseWeight):
+        if not fused_kernels(self.ctx) or _dense_experts(fmt):
             return fmt
         moved = fmt.on_fused_experts("fc1" if attr == "up_proj" else "fc2", self._int8)
         if isinstance(moved, str):
@@ -157,7 +159,7 @@ class Experts(WeightedModule):
 
     def _fused(self, op: OpBuilder, route: str, x: ir.Value, indices, weights) -> ir.Value:
         if route == "moe":
-            up, down = (self.slot_values(a)[""] for a in ("up_proj", "down_proj"))
+            up, down = (self._dense(a) for a in EXPERT_SLOTS)
             return dense_fused_experts(op, self.spec, x, indices, weights, up, down)
         up, down = ((self._operands[a], self.slot_values(a)) for a in EXPERT_SLOTS)
         accuracy = self.ctx.activations.accuracy_level
@@ -168,8 +170,36 @@ class Experts(WeightedModule):
         return int(2 * self.spec.moe_intermediate_size * self.input_size * self.ctx.dtype.itemsize)
 
     def _scannable(self) -> bool:
-        """Dense stacked weights can be sliced per expert by Scan without a copy."""
-        return all(isinstance(self.weight_format_of(a), DenseWeight) for a in self._slots)
+        """Dense stacked weights (or output-scaled ones folded into dense values) can be sliced
+        per expert by Scan without a copy."""
+        return all(
+            isinstance(self.weight_format_of(a), DenseWeight) or a in self._folded
+            for a in self._slots
+        )
+
+    def _fold_output_scales(self, op: OpBuilder) -> None:
+        """Output-scaled dense slots (--dequantize: a ModelOpt FP8 or GGUF `.scale` weight) as
+        one dense value each, W * s folded at session creation (OutputScaled.folded_weight):
+        the experts then compute as dense experts, on the Scan path too."""
+        for attr in EXPERT_SLOTS:
+            fmt = self.weight_format_of(attr)
+            if isinstance(fmt, OutputScaled):
+                folded = fmt.folded_weight(op, self.slot_values(attr))
+                if folded is not None:
+                    self._folded[attr] = folded
+        if set(self._folded) != set(EXPERT_SLOTS):
+            self._folded.clear()  # both or neither: the paths below take the slots as a pair
+
+    def _dense(self, attr: str) -> ir.Value:
+        """A dense slot's stacked weight: its parameter, or its folded output-scaled value."""
+        folded = self._folded.get(attr)
+        return folded if folded is not None else self.slot_values(attr)[""]
+
+    def _rows(self, op: OpBuilder, attr: str, indices: ir.Value) -> ir.Value:
+        """The slices `indices` of slot `attr`, in the activation precision."""
+        if attr in self._folded:
+            return op.Gather(self._folded[attr], indices, axis=0)
+        return self.select(op, attr, indices)
 
     def forward(self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
         """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D].
@@ -184,6 +214,7 @@ class Experts(WeightedModule):
           iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
           to the body without a copy; an If skips the unselected ones.
         """
+        self._fold_output_scales(op)
         route = self._fused_route()
         if route is not None:
             return self._fused(op, route, x, indices, weights)
@@ -236,8 +267,8 @@ class Experts(WeightedModule):
             op.Expand(op.Unsqueeze(x, [1]), op.Constant(value_ints=[1, k, 1])),
             op.Constant(value_ints=[-1, self.input_size, 1]),
         )
-        hidden = op.MatMul(self.select(op, "up_proj", flat_expert), rows)  # [P, I, 1]
-        out = op.MatMul(self.select(op, "down_proj", flat_expert), relu_squared(op, hidden))
+        hidden = op.MatMul(self._rows(op, "up_proj", flat_expert), rows)  # [P, I, 1]
+        out = op.MatMul(self._rows(op, "down_proj", flat_expert), relu_squared(op, hidden))
         weighted = op.Mul(
             op.Reshape(to_float32(op, out), op.Constant(value_ints=[-1, k, self.input_size])),
             op.Reshape(flat_weight, op.Constant(value_ints=[-1, k, 1])),
@@ -264,9 +295,9 @@ class Experts(WeightedModule):
                 op.Gather(flat_weight, positions, axis=0), op.Constant(value_ints=[1])
             )
             hidden = op.Gemm(
-                op.Gather(x, token_rows, axis=0), self.select(op, "up_proj", expert), transB=1
+                op.Gather(x, token_rows, axis=0), self._rows(op, "up_proj", expert), transB=1
             )
-            out = op.Gemm(relu_squared(op, hidden), self.select(op, "down_proj", expert), transB=1)
+            out = op.Gemm(relu_squared(op, hidden), self._rows(op, "down_proj", expert), transB=1)
             contribution = op.Mul(to_float32(op, out), gate_weight)
             acc = op.ScatterND(
                 acc,
@@ -301,11 +332,17 @@ class Experts(WeightedModule):
             self.spec,
             self.input_size,
             self.ctx.dtype,
-            self.slot_values("up_proj")[""],
-            self.slot_values("down_proj")[""],
+            self._dense("up_proj"),
+            self._dense("down_proj"),
         )
         flat_row = _flat_rows(op, x, self.spec.num_experts_per_tok)
         return scan(op, x, flat_row, flat_expert, flat_weight)
+
+
+def _dense_experts(fmt: WeightFormat) -> bool:
+    """Whether stacked experts of format `fmt` compute as dense experts: dense weights, or
+    output-scaled dense ones folded into one dense value (OutputScaled.folds)."""
+    return isinstance(fmt, DenseWeight) or (isinstance(fmt, OutputScaled) and fmt.folds)
 
 
 class MoE(nn.Module):

@@ -18,7 +18,7 @@ from mobius_lite.formats.storage import Bytes, Conversion, Storage
 from mobius_lite.formats.weight import WeightFormat
 
 
-class _SameShape:
+class SameShape:
     """A conversion of whole elements or blocks in place: one initializer, shape kept."""
 
     @property
@@ -30,7 +30,7 @@ class _SameShape:
 
 
 @dataclass(frozen=True)
-class Verbatim(_SameShape):
+class Verbatim(SameShape):
     """Bytes copied unchanged."""
 
     unit_bytes: int
@@ -48,7 +48,7 @@ class Verbatim(_SameShape):
 
 
 @dataclass(frozen=True)
-class Cast(_SameShape):
+class Cast(SameShape):
     """An element-type conversion with round-to-nearest-even."""
 
     source: np.dtype

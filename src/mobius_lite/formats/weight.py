@@ -211,6 +211,26 @@ class OutputScaled:
             scale = params[OUTPUT_SCALE]
         return self._to_dtype(op, op.Mul(rows, scale))
 
+    @property
+    def folds(self) -> bool:
+        """Whether W * s can stand for this weight as one dense weight in the activation
+        precision (folded_weight): the inner weight is dense in it."""
+        return isinstance(self.inner, DenseWeight) and self.inner.dtype == self.dtype
+
+    def folded_weight(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value | None:
+        """W * s as a dense weight in the activation precision, when the inner weight is dense
+        in it (a dequantized weight of an f32 build), else None. A constant expression of two
+        parameters: onnxruntime folds it once at session creation, so the session holds the
+        dense product (one float32 rounding: the reference's dequantized value) and the
+        parameters are dropped. Stacked experts take it to compute as dense experts do (their
+        Scan over weight slices and the fused MoE kernel need one dense tensor)."""
+        if not self.folds:
+            return None
+        scale = params[OUTPUT_SCALE]
+        if self.stacked:  # [E] -> [E, 1, 1]
+            scale = op.Reshape(scale, op.Constant(value_ints=[-1, 1, 1]))
+        return op.Mul(params[""], scale)
+
     def on_exact_layout(self, accuracy_level: int) -> WeightFormat | str:
         """The inner weight on its exact MatMulNBits layout, its output still scaled here."""
         moved = self.inner.on_exact_layout(accuracy_level)

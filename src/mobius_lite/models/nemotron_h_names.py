@@ -7,6 +7,9 @@ Parameter names are the released checkpoint names (`backbone.` prefix). The one 
 - stacked experts: the graph's `...experts.up_proj` / `...experts.down_proj` ([E, out, in])
   come from a tensor of that name or from the released per-expert tensors
   `...experts.{e}.up_proj.weight`, stacked in expert order.
+- ModelOpt under `--dequantize` (`ModelOptDequantizedNames`): a weight slot's output scale
+  (`<slot>_output_scale`, formats/weight.py) is its FP8 module's per-tensor `weight_scale`
+  (per expert, stacked), the name its packed FP8 format binds as `<slot>_scale`.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from dataclasses import dataclass, field
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.errors import ConfigError
+from mobius_lite.formats.weight import OUTPUT_SCALE
 from mobius_lite.sources.base import TensorSource
-from mobius_lite.sources.names import Candidate, NameMap, as_ref
+from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
 GRAPH_PREFIX = "backbone."
 SOURCE_PREFIXES = ("backbone.", "model.")
@@ -70,6 +74,32 @@ class SafetensorsNames:
                 names = expert_names(prefix, stacked["proj"], shape[0], stacked["suffix"] or "")
                 out.append(tuple(names))
         return out
+
+
+# The packed FP8 format's parameter beside a weight slot holding its per-tensor weight_scale
+# (formats/modelopt/weight.py FP8Weight): `<slot>_scale` names `<module>.weight_scale`.
+FP8_SCALE = "_scale"
+
+
+class ModelOptDequantizedNames:
+    """The NameMap of a ModelOpt checkpoint exported with `--dequantize`: SafetensorsNames,
+    plus each weight slot's `<slot>_output_scale` -> its module's `weight_scale` (stored as []
+    or [1]: bound as [1], or [E] for stacked experts). The FP8 weight is then written as its
+    exact E4M3 values and the graph multiplies the slot's products by that scale
+    (formats/weight.py OutputScaled). Only FP8 modules have such a per-tensor weight_scale
+    under --dequantize: NVFP4 checkpoints are refused before (formats/modelopt/storage.py
+    dequantize_refusal), and dense modules have none."""
+
+    def __init__(self) -> None:
+        self.inner = SafetensorsNames()
+
+    def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
+        if not target.endswith(OUTPUT_SCALE):
+            return self.inner.alternatives(target, shape)
+        scale = target.removesuffix(OUTPUT_SCALE) + FP8_SCALE
+        return [
+            SourceRef(as_ref(c).names, reshape=True) for c in self.inner.alternatives(scale, shape)
+        ]
 
 
 def check_head_depths(config: NemotronHConfig, source: TensorSource) -> None:
@@ -126,6 +156,14 @@ class SourceLayout:
     # Source tensors this kind of source holds that no graph computes with (name regex ->
     # reason), e.g. a GGUF's copies of the embedding table for the MTP head.
     unused: Mapping[str, str] = field(default_factory=dict)
+    # the name map of an export with --dequantize, when it differs (ModelOpt: output scales)
+    dequantized_names: NameMap | None = None
+
+    def names_for(self, dequantize: bool) -> NameMap:
+        """The name map of an export that keeps packed weights packed, or dequantizes them."""
+        if dequantize and self.dequantized_names is not None:
+            return self.dequantized_names
+        return self.names
 
     def lm_head_present(self, source: TensorSource) -> bool:
         return self.present(LM_HEAD_WEIGHT, source)
@@ -146,6 +184,12 @@ class SourceLayout:
 def safetensors_source_layout(source: TensorSource) -> SourceLayout:
     """How safetensors checkpoints (and state dicts) name and store Nemotron-H's tensors."""
     return SourceLayout(SafetensorsNames())
+
+
+def modelopt_source_layout(source: TensorSource) -> SourceLayout:
+    """How ModelOpt checkpoints name Nemotron-H's tensors: as safetensors checkpoints, with
+    the FP8 weight scales as output scales under --dequantize (ModelOptDequantizedNames)."""
+    return SourceLayout(SafetensorsNames(), dequantized_names=ModelOptDequantizedNames())
 
 
 def router_scope(layer: int) -> str:

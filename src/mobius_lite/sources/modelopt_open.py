@@ -28,7 +28,12 @@ from mobius_lite.formats.modelopt.quant_config import (
     module_aliases,
     parse_quantization,
 )
-from mobius_lite.formats.modelopt.storage import e4m3_scales, fp8_weights, nvfp4_codes
+from mobius_lite.formats.modelopt.storage import (
+    dequantize_refusal,
+    e4m3_scales,
+    fp8_weights,
+    nvfp4_codes,
+)
 from mobius_lite.formats.storage import Storage
 from mobius_lite.sources.base import TensorInfo
 from mobius_lite.sources.open import OpenedCheckpoint
@@ -56,7 +61,8 @@ def is_modelopt(raw_config: dict[str, Any], directory: Path) -> bool:
 
 def open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
     """The checkpoint as kind "modelopt": quantization validated now (config files only), the
-    tensor index checked against it when opened (headers only)."""
+    tensor index checked against it when opened (headers only); whether `--dequantize` can
+    export it is known now too (FP8 and dense layers only)."""
     quantization = parse_quantization(opened.raw_config, _read_hf_quant_config(opened))
     if quantization is None:
         raise ConfigError(
@@ -68,6 +74,7 @@ def open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
         kind=MODELOPT,
         open_tensors=partial(ModelOptCheckpoint, quantization=quantization),
         unused_rules={**opened.unused_rules, **UNUSED_RULES},
+        dequantize_refusal=dequantize_refusal(quantization),
     )
 
 

@@ -36,6 +36,8 @@ class OpenedCheckpoint:
     unused_rules: dict[str, str] = field(default_factory=dict)
     # what a binding error tells the user to check (the config comes from this kind's files)
     binding_hint: str = "Check that config.json belongs to these weights."
+    # why `--dequantize` cannot export it (one sentence from its config), None when it can
+    dequantize_refusal: str | None = None
 
     def with_weights(self) -> OpenedCheckpoint:
         """The same checkpoint with its weight files present (hub: the same commit's)."""

@@ -47,7 +47,7 @@ def text_generation_graphs(
     if head:
         check_head_depths(config, source)
     tied = logits_from_embeddings(config, layout.lm_head_present(source))
-    names = layout.names
+    names = layout.names_for(options.dequantize)
     ctx = options.build_context(source, names, layout.mamba_a)
     rules = {
         **unused_tensor_rules(config, head_exported=head),

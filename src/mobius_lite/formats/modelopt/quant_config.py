@@ -98,6 +98,13 @@ class ModelOptQuantization:
         """The algorithm linear `module` is stored with."""
         return self.scheme(module).algo
 
+    def algorithms(self) -> frozenset[QuantAlgo]:
+        """The algorithms its quantized modules are stored with (MIXED_PRECISION: those its
+        quantized_layers name)."""
+        if self.quant_algo == MIXED_PRECISION:
+            return frozenset(s.algo for s in self.layers.values())
+        return frozenset({_ALGOS[self.quant_algo]})
+
 
 def module_aliases(module: str) -> tuple[str, ...]:
     """`module` and its other trunk name: released checkpoints and transformers name the trunk

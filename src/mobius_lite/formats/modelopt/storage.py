@@ -6,31 +6,106 @@ manifest and `verify` see exactly the safetensors dtype and shape) plus what the
 know: the weight format a weight slot fed by the tensor computes with. Conversions are
 verbatim: the bytes are written unchanged, into an initializer of the same element type (UINT8
 codes, FLOAT8E4M3FN weights and scales); NVFP4 block scales may also be written as their raw
-bytes (UINT8), which onnxruntime's CUDA NVFP4 kernel takes. Any other target (dense floats:
-`--dequantize`) is refused: one tensor of a packed linear cannot be decoded without the others.
+bytes (UINT8), which onnxruntime's CUDA NVFP4 kernel takes.
+
+`--dequantize`: FP8 weights convert to dense float32 / float16 / bfloat16 by an exact cast of
+their E4M3 values (every E4M3 value is one of those floats); their per-tensor weight_scale is
+not part of it: the model's dequantize name map binds it as the slot's output scale
+(formats/weight.py OutputScaled, models/nemotron_h_names.py). NVFP4 codes and block scales have
+no dense conversion (one code decodes with its block scale and the global scale, three
+tensors); `dequantize_refusal` says so from the config, before anything is read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
+import numpy as np
 import onnx_ir as ir
 
 from mobius_lite.enums import Backend
 from mobius_lite.errors import RouteError
 from mobius_lite.formats.contrib import is_ort
-from mobius_lite.formats.dense import DenseStorage, Verbatim
-from mobius_lite.formats.modelopt.quant_config import E4M3, U8
+from mobius_lite.formats.dense import DenseStorage, SameShape, Verbatim
+from mobius_lite.formats.modelopt.fp8 import E4M3_VALUES
+from mobius_lite.formats.modelopt.quant_config import (
+    E4M3,
+    MIXED_PRECISION,
+    U8,
+    ModelOptQuantization,
+    QuantAlgo,
+)
 from mobius_lite.formats.modelopt.weight import FP8Weight, NVFP4Weight
-from mobius_lite.formats.storage import Conversion, Storage
+from mobius_lite.formats.storage import Bytes, Conversion, Storage
+
+# The dense types holding every E4M3 value exactly (4 exponent bits, 3 mantissa bits).
+E4M3_EXACT_IN = frozenset(
+    {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+)
+# E4M3_VALUES with the sign bit on its NaN patterns too (0xFF: -NaN), as ml_dtypes decodes them
+SIGNED_E4M3_VALUES = np.copysign(E4M3_VALUES, np.where(np.arange(256) & 0x80, -1.0, 1.0)).astype(
+    np.float32
+)
+NVFP4_DEQUANTIZE = (
+    "NVFP4 weights have no dense conversion (a code decodes with its "
+    "16-element block's E4M3 scale and the global weight_scale_2, not one scale per output); "
+    "build without --dequantize (the graph decodes the packed weights, see docs/modelopt.md), "
+    "or export the BF16 release instead"
+)
 
 
 def _refuse(what: str, target: Storage) -> RouteError:
     return RouteError(
-        f"ModelOpt {what} export packed (verbatim bytes); there is no conversion to dense "
-        f"{target.name}: a packed linear decodes from several tensors. Export without "
-        "--dequantize (the graph decodes the weights), or export the BF16 release instead"
+        f"ModelOpt {what} export packed (verbatim bytes); there is no conversion to "
+        f"{target.name}. " + NVFP4_DEQUANTIZE
     )
+
+
+def dequantize_refusal(quantization: ModelOptQuantization) -> str | None:
+    """Why `--dequantize` cannot export this checkpoint (one sentence naming what it holds and
+    what to do), or None: only FP8 weights (and dense ones) dequantize. From the config alone,
+    so the refusal comes before any weight is fetched or read."""
+    if QuantAlgo.NVFP4 not in quantization.algorithms():
+        return None
+    if quantization.quant_algo != MIXED_PRECISION:
+        return f"the ModelOpt checkpoint is {quantization.quant_algo}: " + NVFP4_DEQUANTIZE
+    nvfp4 = sorted(m for m, s in quantization.layers.items() if s.algo is QuantAlgo.NVFP4)
+    return (
+        f"the ModelOpt MIXED_PRECISION checkpoint stores {len(nvfp4)} layer(s) as NVFP4 "
+        f"(first: {nvfp4[0]}): " + NVFP4_DEQUANTIZE
+    )
+
+
+@dataclass(frozen=True)
+class E4M3Cast(SameShape):
+    """E4M3 values to a dense float type that holds each exactly (E4M3_EXACT_IN): lossless.
+
+    convert decodes by the table built from the format's definition (fp8.E4M3_VALUES); verify's
+    recompute by ml_dtypes' float8_e4m3fn conversion, an independent implementation. NaN bit
+    patterns (0x7F / 0xFF) become NaN of that sign, which the writer reports as a non-finite
+    weight.
+    """
+
+    target: np.dtype
+    name: str = "cast"
+    unit_bytes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.target not in E4M3_EXACT_IN:
+            raise RouteError(f"E4M3 values are not exact in {self.target.name}")
+
+    @property
+    def verbatim(self) -> bool:
+        return False
+
+    def convert(self, raw: Bytes) -> Bytes:
+        values = SIGNED_E4M3_VALUES[np.frombuffer(raw, dtype=np.uint8)].astype(self.target)
+        return memoryview(values.view(np.uint8))
+
+    def recompute(self, raw: Bytes) -> bytes:
+        codes = np.frombuffer(bytes(raw), dtype=ml_dtypes.float8_e4m3fn)
+        return codes.astype(self.target).tobytes()
 
 
 @dataclass(frozen=True)
@@ -56,14 +131,23 @@ class NVFP4CodeStorage(DenseStorage):
 
 @dataclass(frozen=True)
 class FP8WeightStorage(DenseStorage):
-    """FP8 weights: float8_e4m3fn [..., N, K]; `scale_shape` is weight_scale's stored shape."""
+    """FP8 weights: float8_e4m3fn [..., N, K]; `scale_shape` is weight_scale's stored shape.
+
+    Written verbatim (packed), or, under --dequantize, cast exactly to a dense float type
+    (E4M3Cast): the values before their weight_scale, which the graph applies to the output.
+    """
 
     scale_shape: tuple[int, ...] = ()
 
     def conversion_to(self, target: Storage) -> Conversion:
         if isinstance(target, DenseStorage) and target.dtype == self.dtype:
             return Verbatim(1)
-        raise _refuse("FP8 weights", target)
+        if isinstance(target, DenseStorage) and target.dtype in E4M3_EXACT_IN:
+            return E4M3Cast(target.dtype)
+        raise RouteError(
+            f"ModelOpt FP8 weights convert to FLOAT8E4M3FN (packed) or exactly to float32, "
+            f"float16 or bfloat16 (--dequantize), not to {target.name}"
+        )
 
     def weight_format(
         self, dtype: ir.DataType, backend: Backend, shape: tuple[int, ...], stacked: bool
