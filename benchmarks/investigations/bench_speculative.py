@@ -183,9 +183,13 @@ def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.greedy import greedy
     from mobius_lite.run.mtp_head import open_head
+    from mobius_lite.run.ort_session import without_spinning
     from mobius_lite.run.speculative import speculative_greedy
 
-    decoder = DecoderSession(package / "model.onnx", session_options=session_options(args.threads))
+    # the decoder takes turns with the head on the same cores: its threads do not spin
+    # between calls, as under `mobius generate --speculative` (run/ort_session.py)
+    options = without_spinning(session_options(args.threads))
+    decoder = DecoderSession(package / "model.onnx", session_options=options)
 
     def new_head() -> Any:
         return open_head(package, session_options=session_options(args.threads))
