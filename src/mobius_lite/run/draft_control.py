@@ -25,8 +25,9 @@ Learning about the head costs no decoder call: a plain step can be a probe, whic
 token and checks it against the step's own greedy choice. Probes start after the first plain
 step and go on until a head call over one position is timed (the first one catches the head
 up on the prompt, which is no draft's cost); later ones come after `probe` plain steps, each
-wrong probe doubling the wait (up to `max_probe`), a right one resetting it. A bad head therefore costs its probes' head
-calls only, and a good one is drafted from as soon as its estimated rate beats plain steps.
+wrong probe doubling the wait (up to `max_probe`), a right one resetting it. A bad head
+therefore costs its probes' head calls only, and a good one is drafted from as soon as its
+estimated rate beats plain steps.
 The choice changes only how many tokens a round verifies, never which tokens are emitted.
 """
 
