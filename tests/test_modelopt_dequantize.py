@@ -29,6 +29,7 @@ from mobius_lite.errors import RouteError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, RELEASE_COSINE, RELEASE_NRMSE
 from parity import drive_parity
 from reference_fixtures import modelopt_fixtures as mf
+from test_modelopt_export import cli
 
 pytestmark = pytest.mark.slow  # builds packages and runs them against transformers
 
@@ -40,14 +41,6 @@ ROUTES = {
     "f16": ["--dtype", "f16"],
     "f32-fused": ["--dtype", "f32", "--backend", "ort", "--activations", "exact-fused"],
 }
-
-
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

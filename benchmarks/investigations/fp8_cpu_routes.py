@@ -69,27 +69,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # beside this script: 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
 from bench_gguf import mid_moe  # noqa: E402
+from bench_modelopt import SIZES as MODELOPT_SIZES  # noqa: E402
 from bench_modelopt import run_child  # noqa: E402
 from common import cpu_description, timed_export  # noqa: E402
 
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {},
-    "small": dict(
-        vocab_size=4096,
-        hidden_size=512,
-        layers_block_type=["mamba", "moe", "mamba", "attention", "moe", "mamba"],
-        mamba_num_heads=16,
-        mamba_head_dim=64,
-        ssm_state_size=64,
-        n_groups=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        n_routed_experts=32,
-        num_experts_per_tok=4,
-        moe_intermediate_size=256,
-        moe_shared_expert_intermediate_size=512,
-    ),
+    "tiny": {},  # the fixtures' own tiny model: smoke runs
+    "small": MODELOPT_SIZES["small"],
     # docs/cpu_routes.md's model: common.py's MID widths without dense MLP layers
     "mid": mid_moe("mid"),
 }
