@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.errors import ConfigError
+from mobius_lite.formats.modelopt.weight import SCALE
 from mobius_lite.formats.weight import OUTPUT_SCALE
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
@@ -76,11 +77,6 @@ class SafetensorsNames:
         return out
 
 
-# The packed FP8 format's parameter beside a weight slot holding its per-tensor weight_scale
-# (formats/modelopt/weight.py FP8Weight): `<slot>_scale` names `<module>.weight_scale`.
-FP8_SCALE = "_scale"
-
-
 class ModelOptDequantizedNames:
     """The NameMap of a ModelOpt checkpoint exported with `--dequantize`: SafetensorsNames,
     plus each weight slot's `<slot>_output_scale` -> its module's `weight_scale` (stored as []
@@ -96,7 +92,7 @@ class ModelOptDequantizedNames:
     def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
         if not target.endswith(OUTPUT_SCALE):
             return self.inner.alternatives(target, shape)
-        scale = target.removesuffix(OUTPUT_SCALE) + FP8_SCALE
+        scale = target.removesuffix(OUTPUT_SCALE) + SCALE  # the packed FP8 format's weight_scale
         return [
             SourceRef(as_ref(c).names, reshape=True) for c in self.inner.alternatives(scale, shape)
         ]

@@ -34,6 +34,9 @@ from mobius_lite.formats.weight import FusedExperts, InsideQMoE, WeightFormat, g
 
 FLOAT = ir.DataType.FLOAT
 SIXTEEN_BIT = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+# the parameter beside a weight slot holding its `weight_scale` (FP8: per tensor; NVFP4: per
+# 16-element block): `<slot>_scale`
+SCALE = "_scale"
 
 
 def _check_kernel_dtype(dtype: ir.DataType, kernel: str) -> None:
@@ -172,7 +175,7 @@ class NVFP4Weight(_ModelOptWeight):
         if x.dtype is None:  # an untyped builder value: activations are FLOAT here
             x.dtype = FLOAT
         y = nvfp4_nbits.emit_matmul(
-            op, x, params[""], params["_scale"], self._scale_2(op, params), self.nbits_accuracy
+            op, x, params[""], params[SCALE], self._scale_2(op, params), self.nbits_accuracy
         )
         return y if bias is None else op.Add(y, bias)
 
@@ -181,7 +184,7 @@ class NVFP4Weight(_ModelOptWeight):
         scale_type = ir.DataType.UINT8 if self.kernel else ir.DataType.FLOAT8E4M3FN
         return {
             "": nn.Parameter([*lead, n, k // 2], dtype=ir.DataType.UINT8),
-            "_scale": nn.Parameter([*lead, n, k // nvfp4.GROUP_SIZE], dtype=scale_type),
+            SCALE: nn.Parameter([*lead, n, k // nvfp4.GROUP_SIZE], dtype=scale_type),
             "_scale_2": nn.Parameter([*lead, *self.scale_2_shape], dtype=FLOAT),
         }
 
@@ -190,17 +193,17 @@ class NVFP4Weight(_ModelOptWeight):
 
     def _kernel_matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value]) -> ir.Value:
         scale_2 = self._scale_2(op, params)
-        return nvfp4.emit_matmul_ort(op, x, params[""], params["_scale"], scale_2)
+        return nvfp4.emit_matmul_ort(op, x, params[""], params[SCALE], scale_2)
 
     def _dense(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
         scale_2 = self._scale_2(op, params)
-        return nvfp4.emit_dense_at_run_time(op, params[""], params["_scale"], scale_2)
+        return nvfp4.emit_dense_at_run_time(op, params[""], params[SCALE], scale_2)
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
         rows = nvfp4.emit_rows(
             op,
             params[""],
-            params["_scale"],
+            params[SCALE],
             self._scale_2(op, params),
             indices,
             per_row_scale_2=self.stacked,
@@ -229,11 +232,11 @@ class FP8Weight(_ModelOptWeight):
         lead, n, k = _split(shape, 1, "FP8 weight")
         return {
             "": nn.Parameter([*lead, n, k], dtype=ir.DataType.FLOAT8E4M3FN),
-            "_scale": nn.Parameter([*lead, *self.scale_shape], dtype=FLOAT),
+            SCALE: nn.Parameter([*lead, *self.scale_shape], dtype=FLOAT),
         }
 
     def _scale(self, op: OpBuilder, params: dict[str, ir.Value]) -> ir.Value:
-        return _plain_scale(op, params["_scale"], self.scale_shape, False)
+        return _plain_scale(op, params[SCALE], self.scale_shape, False)
 
     def _kernel_matmul(self, op: OpBuilder, x: ir.Value, params: dict[str, ir.Value]) -> ir.Value:
         weight = params[""]
@@ -246,7 +249,7 @@ class FP8Weight(_ModelOptWeight):
         return op.DequantizeLinear(params[""], self._scale(op, params))
 
     def select(self, op: OpBuilder, params: dict[str, ir.Value], indices: ir.Value) -> ir.Value:
-        scale = _plain_scale(op, params["_scale"], self.scale_shape, self.stacked)
+        scale = _plain_scale(op, params[SCALE], self.scale_shape, self.stacked)
         if self.stacked:
             rows = fp8.emit_rows(op, params[""], scale, indices)
         else:  # rows of one table (e.g. an embedding): one scale for all
@@ -287,7 +290,7 @@ class NVFP4QMoEExperts(InsideQMoE):
         rows = int(params[""].shape[-2]) * self._repeat
         k = int(params[""].shape[-1]) * 2
         flat = op.Reshape(codes, op.Constant(value_ints=[*lead, rows, k]))  # QMoE: [E, N', K]
-        scales = nvfp4_nbits.emit_scales(op, params["_scale"], self._repeat)
+        scales = nvfp4_nbits.emit_scales(op, params[SCALE], self._repeat)
         scale_2 = op.Reshape(params["_scale_2"], op.Constant(value_ints=[-1, 1, 1]))  # [E, 1, 1]
         scales = op.Mul(scales, nvfp4_nbits.half_scale_2(op, scale_2))
         return typed(flat, ir.DataType.UINT8, None), scales, None
