@@ -87,10 +87,9 @@ ALLOW_SPINNING = "session.intra_op.allow_spinning"
 def without_spinning(options: Any = None) -> Any:
     """quiet_options whose intra-op threads block as soon as a call ends instead of spinning:
     for sessions that take turns on the same cores (a decoder and its draft head). A spinning
-    pool keeps the cores from the other session's next call; on the mid model with 2 threads
-    on 2 cores, speculation with a head costing a third of a step ran at 0.55x plain with
-    both sessions spinning and 0.95x with neither (docs/speculative.md). Plain decoding alone
-    was not slower without spinning there."""
+    pool keeps the cores from the other session's next call: on the mid model with 2 threads
+    on 2 cores, the real f32 head at 85% (simulated) acceptance ran at 0.56x plain with both
+    sessions spinning and 1.05x with neither (docs/speculative.md, "Benchmark")."""
     options = quiet_options(options)
     options.add_session_config_entry(ALLOW_SPINNING, "0")
     return options
