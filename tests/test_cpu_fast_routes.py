@@ -161,7 +161,7 @@ def test_moe_f32_swiglu_form_is_relu2() -> None:
     indices, weights = routing(rows, e, SPEC.num_experts_per_tok, rng)
 
     def emit(op, xv, iv, wv, upv, downv):
-        return dense_fused_experts(op, SPEC, xv, iv, wv, upv, downv)
+        return dense_fused_experts(op, SPEC, upv, downv)(op, xv, iv, wv)
 
     (y,) = run_emitter(
         emit, [x, indices, weights, up, down], opset_imports=CONTRIB, constant_from=3
@@ -199,16 +199,8 @@ def _qmoe(type_up: str, type_down: str, accuracy: int, seed: int):
         params: dict[str, dict[str, Any]] = {"up": {}, "down": {}}
         for (attr, suffix), value in zip(names, parts, strict=True):
             params[attr][suffix] = value
-        return quantized_fused_experts(
-            op,
-            SPEC,
-            xv,
-            iv,
-            wv,
-            (fmt["up"], params["up"]),
-            (fmt["down"], params["down"]),
-            accuracy,
-        )
+        up, down = (fmt["up"], params["up"]), (fmt["down"], params["down"])
+        return quantized_fused_experts(op, SPEC, up, down, accuracy)(op, xv, iv, wv)
 
     (y,) = run_emitter(emit, [x, indices, weights, *arrays], opset_imports=CONTRIB, constant_from=3)
     up = values_of(type_up, up_rows, (e, i, WIDTH))

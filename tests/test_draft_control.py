@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mobius_lite.run.draft_control import DraftController
+from mobius_lite.run.draft_control import DraftController, RoundPlan
 
 
 def expected_rate(a: float, k: int, d1: float, dk: float, h: float) -> float:
@@ -92,6 +92,33 @@ def test_a_drafter_always_wrong_costs_only_probes_and_probes_less_often() -> Non
     probes = [i for i, k in enumerate(chosen) if k == -1]
     assert probes[:4] == [1, 1 + 16 + 1, 1 + 16 + 1 + 32 + 1, 1 + 16 + 1 + 32 + 1 + 64 + 1]
     assert np.diff(probes).max() == 64 + 1  # the wait doubled to its cap
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_an_untimed_head_is_probed_again_at_once_only_when_right(right: bool) -> None:
+    """The first probe's head call catches the head up on the prompt, which speculative.py
+    does not time (only one-position calls give H). Wrong, the next probe waits the doubled
+    wait: a bad head never costs a timing call. Right, the next step probes again, and its
+    one-position call gives the rate that decides the rounds after."""
+    control = DraftController(4, probe=8)
+    assert control.next_round() == RoundPlan(0)  # D(1) unmeasured: a plain step
+    control.observe_decoder(1, 1.0)
+    control.observe_round(0, 0)
+    assert control.next_round() == RoundPlan(0, probe=True)
+    control.observe_decoder(1, 1.0)
+    control.observe_round(0, 0)
+    control.observe_probe(right)
+    assert control.head_seconds is None
+    plans = []
+    while len(plans) < 40 and not (plans and plans[-1].probe):
+        plans.append(control.next_round())
+        control.observe_decoder(1, 1.0)
+        control.observe_round(0, 0)
+    assert len(plans) == (1 if right else 16 + 1)
+    if right:
+        control.observe_head(0.1)  # the one-position call was timed
+        control.observe_probe(True)
+        assert control.next_round().k > 0
 
 
 def test_a_costly_head_drafts_fewer() -> None:

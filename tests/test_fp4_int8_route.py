@@ -155,7 +155,7 @@ def _scaled_qmoe(type_name: str, scales: dict[str, np.ndarray], seed: int):
         for (attr, suffix), value in zip(names, parts, strict=True):
             params[attr][suffix] = value
         up, down = (fmt["up"], params["up"]), (fmt["down"], params["down"])
-        return quantized_fused_experts(op, SPEC, xv, iv, wv, up, down, 4)
+        return quantized_fused_experts(op, SPEC, up, down, 4)(op, xv, iv, wv)
 
     (y,) = run_emitter(emit, [x, indices, weights, *arrays], opset_imports=CONTRIB, constant_from=3)
     values = {

@@ -380,9 +380,15 @@ def _accuracy_levels(model_file: Path) -> set[int]:
 
 
 def test_speculation_on_int8_activations_is_said(tmp_path, capsys) -> None:
-    """The mid-model benchmark found an --activations int8 package's speculative tokens differ
-    from its plain greedy ones (its verifying calls quantize activations otherwise): generate
-    --speculative says so in one warning line for such a package, and not for an exact one."""
+    """An --activations int8 package built before its experts ran row by row in verifying
+    calls (the mid-model benchmark found its speculative tokens differ from plain greedy
+    ones) gets one warning line from generate --speculative; one built now, whose decoder
+    records the row-by-row window, does not, nor does an exact one."""
+    import shutil
+
+    import onnx
+
+    from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
     from mobius_lite.demo import write_demo
 
     write_demo("mtp", tmp_path / "ckpt")
@@ -393,8 +399,16 @@ def test_speculation_on_int8_activations_is_said(tmp_path, capsys) -> None:
         assert main([*args, *flags, *extra]) == 0
     assert 4 in _accuracy_levels(tmp_path / "int8" / "model.onnx")
     assert 4 not in _accuracy_levels(tmp_path / "exact" / "model.onnx")
+    shutil.copytree(tmp_path / "int8", tmp_path / "int8_before")
+    decoder = tmp_path / "int8_before" / "model.onnx"
+    model = onnx.load(str(decoder), load_external_data=False)
+    kept = [p for p in model.metadata_props if p.key != ROW_BY_ROW_WINDOW]
+    assert len(kept) == len(model.metadata_props) - 1
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    onnx.save(model, str(decoder))
     capsys.readouterr()
-    for name, warned in (("int8", True), ("exact", False)):
+    for name, warned in (("int8_before", True), ("int8", False), ("exact", False)):
         code, _, err = generate(
             tmp_path / name, capsys, "--prompt-ids", "5,6,7", "--speculative", "2"
         )

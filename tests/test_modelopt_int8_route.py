@@ -136,8 +136,8 @@ def test_nvfp4_experts_on_qmoe_int8_error_is_at_most_llamacpps() -> None:
         names = ("", "_scale", "_scale_2")
         up_params = dict(zip(names, parts[:3], strict=True))
         down_params = dict(zip(names, parts[3:], strict=True))
-        return quantized_fused_experts(
-            op, SPEC, xv, iv, wv, (fc1, up_params), (fc2, down_params), 4
+        return quantized_fused_experts(op, SPEC, (fc1, up_params), (fc2, down_params), 4)(
+            op, xv, iv, wv
         )
 
     (y,) = run_emitter(emit, [x, indices, weights, *arrays], opset_imports=CONTRIB, constant_from=3)

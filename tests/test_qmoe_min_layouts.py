@@ -125,7 +125,7 @@ def _qmoe(type_up: str, type_down: str, int8: bool, seed: int):
             params[attr][suffix] = value
         up, down = (fmt["up"], params["up"]), (fmt["down"], params["down"])
         accuracy = 4 if int8 else 0
-        return quantized_fused_experts(op, SPEC, xv, iv, wv, up, down, accuracy)
+        return quantized_fused_experts(op, SPEC, up, down, accuracy)(op, xv, iv, wv)
 
     (y,) = run_emitter(emit, [x, indices, weights, *arrays], opset_imports=CONTRIB, constant_from=3)
     up, down = (values_of(types[a], rows[a], shapes[a]) for a in ("up", "down"))

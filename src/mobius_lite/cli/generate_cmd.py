@@ -279,20 +279,23 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
 
 
 def _warn_if_inexact_verification(decoder_file: Path) -> None:
-    """One stderr line when the decoder computes with int8 activations (`--activations int8`):
-    a multi-token verifying call quantizes its activations otherwise than one-token steps, so
-    speculation can give other tokens than plain greedy decoding (docs/speculative.md)."""
+    """One stderr line when the decoder computes with int8 activations (`--activations int8`)
+    and its experts do not run row by row in verifying calls (a package built before they
+    did: components/row_by_row.py): such a call then quantizes its activations otherwise than
+    one-token steps, so speculation can give other tokens than plain greedy decoding."""
     import onnx
 
+    from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
     from mobius_lite.evaluation.validity import int8_activation_kernels
 
-    graph = onnx.load(str(decoder_file), load_external_data=False).graph
-    if int8_activation_kernels(graph):
+    model = onnx.load(str(decoder_file), load_external_data=False)
+    exact_rows = any(prop.key == ROW_BY_ROW_WINDOW for prop in model.metadata_props)
+    if int8_activation_kernels(model.graph) and not exact_rows:
         print(
-            "warning: this decoder computes with int8 activations (--activations int8): its "
-            "verifying calls can choose other tokens than one-token steps, so --speculative "
-            "may not reproduce plain greedy decoding; an exact route (no --activations int8) "
-            "keeps the tokens identical",
+            "warning: this decoder computes with int8 activations (--activations int8) and "
+            "was built before its verifying calls computed each position as a one-token step "
+            "does, so --speculative may not reproduce plain greedy decoding; rebuild it with "
+            "mobius build to keep the tokens identical",
             file=sys.stderr,
         )
 

@@ -38,6 +38,15 @@ class BuildContext:
     # build-time lines already said (each route notice once per build)
     notices: set[str] = field(default_factory=set, compare=False)
 
+    @property
+    def row_window(self) -> int:
+        """Calls of up to this many rows run the experts one row at a time
+        (components/row_by_row.py), 0: never. Under int8 activations a verifying call must
+        compute each position exactly as a one-position step does, or near-tied tokens differ
+        from plain decoding's; elsewhere the expert sums' rounding stays within the FP32
+        gates, and the verifying call keeps its one kernel call."""
+        return self.speculation_window if self.activations is Activations.INT8 else 0
+
     def notice(self, line: str) -> None:
         """Say `line` once per build (a weight kept on the exact route, a byte cost)."""
         if line not in self.notices:

@@ -17,6 +17,7 @@ from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
 from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
 from mobius_lite.components.moe_scan import ExpertScan
+from mobius_lite.components.row_by_row import RowsFn, row_by_row
 from mobius_lite.configs.layers import MoESpec
 from mobius_lite.enums import Activations
 from mobius_lite.formats.weight import DenseWeight, FusedExperts, OutputScaled, WeightFormat
@@ -157,13 +158,13 @@ class Experts(WeightedModule):
             return "moe"
         return None
 
-    def _fused(self, op: OpBuilder, route: str, x: ir.Value, indices, weights) -> ir.Value:
+    def _fused(self, op: OpBuilder, route: str) -> RowsFn:
         if route == "moe":
             up, down = (self._dense(a) for a in EXPERT_SLOTS)
-            return dense_fused_experts(op, self.spec, x, indices, weights, up, down)
+            return dense_fused_experts(op, self.spec, up, down)
         up, down = ((self._operands[a], self.slot_values(a)) for a in EXPERT_SLOTS)
         accuracy = self.ctx.activations.accuracy_level
-        return quantized_fused_experts(op, self.spec, x, indices, weights, up, down, accuracy)
+        return quantized_fused_experts(op, self.spec, up, down, accuracy)
 
     def _expert_bytes(self) -> int:
         """Bytes of one expert's up and down weights in the activation precision."""
@@ -213,11 +214,23 @@ class Experts(WeightedModule):
         - scanned (dense weights, when copying P experts would move more bytes than E Scan
           iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
           to the body without a copy; an If skips the unselected ones.
+
+        Under int8 activations with speculation windows, calls of up to the window's rows run
+        the chosen path one row at a time (BuildContext.row_window).
         """
         self._fold_output_scales(op)
         route = self._fused_route()
-        if route is not None:
-            return self._fused(op, route, x, indices, weights)
+        experts = self._selected if route is None else self._fused(op, route)
+        window = self.ctx.row_window
+        if not window:
+            return experts(op, x, indices, weights)
+        inputs = (x, indices, weights)
+        return row_by_row(op, window, experts, inputs, FLOAT, self.input_size, "expert_rows")
+
+    def _selected(
+        self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value
+    ) -> ir.Value:
+        """The non-fused paths (forward's docstring), picked at run time."""
         flat_expert = op.Reshape(indices, op.Constant(value_ints=[-1]))
         flat_weight = op.Reshape(weights, op.Constant(value_ints=[-1]))
         pairs = op.Size(flat_expert)

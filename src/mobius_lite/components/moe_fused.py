@@ -24,6 +24,7 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 from mobius_lite.components.common import FLOAT
+from mobius_lite.components.row_by_row import RowsFn
 from mobius_lite.configs.layers import MoESpec
 from mobius_lite.formats.contrib import contrib_op, typed
 from mobius_lite.formats.weight import FusedExperts
@@ -52,33 +53,32 @@ def doubled_rows(op: OpBuilder, up: ir.Value, n_experts: int, inner: int, width:
     return op.Reshape(twice, op.Constant(value_ints=[n_experts, 2 * inner, width]))
 
 
-def dense_fused_experts(
-    op: OpBuilder,
-    spec: MoESpec,
-    x: ir.Value,
-    indices: ir.Value,
-    weights: ir.Value,
-    up: ir.Value,
-    down: ir.Value,
-) -> ir.Value:
-    """sum_k w_k * relu2-expert_k(x) on the MoE kernel, f32 [rows, D] (module doc)."""
+def dense_fused_experts(op: OpBuilder, spec: MoESpec, up: ir.Value, down: ir.Value) -> RowsFn:
+    """The rows' sum_k w_k * relu2-expert_k(x) on the MoE kernel, f32 [rows, D] (module doc),
+    as a function of (op, x, indices, weights); fc1's doubled rows, a constant expression, are
+    made in `op`'s graph."""
     e, inner, width = spec.n_routed_experts, spec.moe_intermediate_size, int(up.shape[-1])
-    probs = _scatter_rows(op, float("-inf"), e, indices, op.Log(weights))
-    out = op.MoE(
-        x,
-        probs,
-        doubled_rows(op, up, e, inner, width),
-        None,
-        down,
-        k=spec.num_experts_per_tok,
-        normalize_routing_weights=0,
-        use_sparse_mixer=0,
-        **RELU2_AS_SWIGLU,
-        **contrib_op(op),
-    )
-    out = typed(out, FLOAT, None)
-    total = op.ReduceSum(weights, op.Constant(value_ints=[-1]), keepdims=1)
-    return op.Mul(out, total)
+    fc1 = doubled_rows(op, up, e, inner, width)
+
+    def routed(op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
+        probs = _scatter_rows(op, float("-inf"), e, indices, op.Log(weights))
+        out = op.MoE(
+            x,
+            probs,
+            fc1,
+            None,
+            down,
+            k=spec.num_experts_per_tok,
+            normalize_routing_weights=0,
+            use_sparse_mixer=0,
+            **RELU2_AS_SWIGLU,
+            **contrib_op(op),
+        )
+        out = typed(out, FLOAT, None)
+        total = op.ReduceSum(weights, op.Constant(value_ints=[-1]), keepdims=1)
+        return op.Mul(out, total)
+
+    return routed
 
 
 def emit_qmoe(
@@ -122,36 +122,38 @@ def emit_qmoe(
 def quantized_fused_experts(
     op: OpBuilder,
     spec: MoESpec,
-    x: ir.Value,
-    indices: ir.Value,
-    weights: ir.Value,
     fc1: tuple[FusedExperts, dict[str, ir.Value]],
     fc2: tuple[FusedExperts, dict[str, ir.Value]],
     accuracy_level: int,
-) -> ir.Value:
-    """sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc); the
-    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums: formats/ggml/
-    relayout/qmoe_min_term.py)."""
+) -> RowsFn:
+    """The rows' sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc),
+    as a function of (op, x, indices, weights); the operands (constant expressions of the
+    parameters) are made in `op`'s graph. The kernel's input is fc1's `kernel_input` (Q4_K up
+    appends its block sums: formats/ggml/relayout/qmoe_min_term.py)."""
     (up, up_params), (down, down_params) = fc1, fc2
     e = spec.n_routed_experts
-    zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
-    kernel_x = up.kernel_input(op, x)
-    out = emit_qmoe(
-        op,
-        kernel_x,
-        _scatter_rows(op, float("-inf"), e, indices, zeros),
-        _scatter_rows(op, 0.0, e, indices, weights),
-        up.operands(op, up_params),
-        down.operands(op, down_params),
-        k=spec.num_experts_per_tok,
-        fc1_bits=up.bits,
-        fc2_bits=down.bits,
-        block_size=up.block_size,
-        accuracy_level=accuracy_level,
-        activation=RELU2_AS_SWIGLU,
-    )
-    if kernel_x is x:
-        return out
-    # The kernel's output is as wide as its input: the appended columns' rows are zero.
-    start, axis = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
-    return typed(op.Slice(out, start, op.Shape(x, start=-1), axis), FLOAT, None)
+    operands = up.operands(op, up_params), down.operands(op, down_params)
+
+    def routed(op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
+        zeros = op.Mul(weights, op.Constant(value=ir.tensor(0.0, dtype=FLOAT)))
+        kernel_x = up.kernel_input(op, x)
+        out = emit_qmoe(
+            op,
+            kernel_x,
+            _scatter_rows(op, float("-inf"), e, indices, zeros),
+            _scatter_rows(op, 0.0, e, indices, weights),
+            *operands,
+            k=spec.num_experts_per_tok,
+            fc1_bits=up.bits,
+            fc2_bits=down.bits,
+            block_size=up.block_size,
+            accuracy_level=accuracy_level,
+            activation=RELU2_AS_SWIGLU,
+        )
+        if kernel_x is x:
+            return out
+        # The kernel's output is as wide as its input: the appended columns' rows are zero.
+        start, axis = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
+        return typed(op.Slice(out, start, op.Shape(x, start=-1), axis), FLOAT, None)
+
+    return routed

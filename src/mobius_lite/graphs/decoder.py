@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
+from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors
@@ -105,7 +106,10 @@ def build_decoder(
             exposed.shape = ir.Shape(["rows", config.hidden_size])
             outputs.append(exposed)
     graph.outputs.extend(outputs)
-    return to_model(graph), module
+    model = to_model(graph)
+    if ctx.row_window:
+        model.metadata_props[ROW_BY_ROW_WINDOW] = str(ctx.row_window)
+    return model, module
 
 
 def cache_outputs(

@@ -22,11 +22,13 @@ known): an MoE decoder's verifying call reads more experts per position, so it i
 assumed free.
 
 Learning about the head costs no decoder call: a plain step can be a probe, which drafts one
-token and checks it against the step's own greedy choice. Probes start after the first plain
-step and go on until a head call over one position is timed (the first one catches the head
-up on the prompt, which is no draft's cost); later ones come after `probe` plain steps, each
-wrong probe doubling the wait (up to `max_probe`), a right one resetting it. A bad head
-therefore costs its probes' head calls only, and a good one is drafted from as soon as its
+token and checks it against the step's own greedy choice. The first probe comes with the
+second plain step (its head call catches the head up on the prompt, which is no draft's
+cost, so it is not timed); later ones come after `probe` plain steps, each wrong probe
+doubling the wait (up to `max_probe`), a right one resetting it. A right probe before any
+head call over one position was timed is followed at once by another, whose one-position
+call is timed: only then can a rate be estimated. A bad head therefore costs its probes'
+head calls only (never a timing call), and a good one is drafted from as soon as its
 estimated rate beats plain steps.
 The choice changes only how many tokens a round verifies, never which tokens are emitted.
 """
@@ -67,6 +69,7 @@ class DraftController:
     settled: set[int | str] = field(default_factory=set)  # sizes whose first call was dropped
     plain_steps: int = 0  # since the last round that drafted or probed
     wait: int = 0  # plain steps before the next probe
+    probed: bool = False  # a probe was observed
     chosen: dict[int, int] = field(default_factory=dict)  # K -> rounds run with it
 
     def __post_init__(self) -> None:
@@ -90,8 +93,12 @@ class DraftController:
     def observe_probe(self, right: bool) -> None:
         """A probe's draft was (or was not) the plain step's greedy choice."""
         self._learn(int(right), not right)
-        self.wait = self.probe if right else min(2 * self.wait, self.max_probe)
+        if not right:
+            self.wait = min(2 * self.wait, self.max_probe)
+        else:  # unmeasured, a right head is timed by the next step's probe
+            self.wait = self.probe if self.head_seconds is not None else 0
         self.plain_steps = 0
+        self.probed = True
 
     def _learn(self, accepted: int, rejected: bool) -> None:
         self.accepted = self.memory * self.accepted + accepted
@@ -132,8 +139,8 @@ class DraftController:
         measured (plain steps before), and a probe on a plain step when one is due."""
         if 1 not in self.decoder_seconds:
             plan = RoundPlan(0)
-        elif self.head_seconds is None:  # probes until a one-position head call is timed
-            plan = RoundPlan(0, probe=True)
+        elif self.head_seconds is None:  # no rate yet: probes only (module docstring)
+            plan = RoundPlan(0, probe=not self.probed or self.plain_steps >= self.wait)
         else:
             k = max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))
             plan = RoundPlan(k, probe=k == 0 and self.plain_steps >= self.wait)

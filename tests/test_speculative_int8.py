@@ -1,0 +1,111 @@
+"""Speculation on an `--activations int8` package gives plain greedy decoding's tokens.
+
+The reference is the decoder stepped one token per call. Under int8 activations a rounding
+difference anywhere before a kernel's activation quantization becomes whole quantization
+steps, so the verifying call must compute each of its positions bit for bit as a one-position
+step does: the experts run one row at a time in calls of up to the window's positions
+(components/row_by_row.py). onnxruntime's fused expert kernels otherwise sum a row's expert
+terms in an order that depends on the call's other rows (its threads split the active
+experts), so the model has several experts per token and the sessions two threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import mobius_lite
+from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
+from mobius_lite.components.state_window import DEFAULT_WINDOW
+from mobius_lite.io_contract import LOGITS
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy
+from mobius_lite.run.mtp_head import open_head
+from mobius_lite.run.speculative import speculative_greedy
+from reference_fixtures.gguf_fixtures import write_gguf
+from reference_fixtures.mtp_fixtures import (
+    HEAD_PATTERN,
+    global_head_shape,
+    head_tensors,
+    nextn_tensors,
+)
+from reference_fixtures.nemotron_reference import make_reference
+from reference_fixtures.speculative_fixtures import ScriptedHead
+
+NEW_TOKENS = 40
+PROMPT = 12
+EXPERTS = {"n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32}
+THREADS = 2
+
+
+def options() -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    return opts
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("speculative_int8")
+    model = make_reference({"layers_block_type": HEAD_PATTERN, **EXPERTS}, seed=5)
+    head = head_tensors(global_head_shape(model.config), np.random.default_rng(9))
+    path = root / "tiny.gguf"
+    write_gguf(
+        path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn_tensors(head, model.config, {})
+    )
+    built = mobius_lite.build(path, weights_backend="ort", activations="int8")
+    return built.save(root / "package", quiet=True)
+
+
+def ops(graph: onnx.GraphProto) -> list[str]:
+    found = []
+    for node in graph.node:
+        found.append(node.op_type)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                found += ops(attr.g)
+    return found
+
+
+def test_experts_run_on_qmoe_row_by_row(package: Path) -> None:
+    """The case the module doc describes: the experts on QMoE int8, inside a Loop; the
+    decoder records the window (generate --speculative warns without it)."""
+    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
+    assert "QMoE" in ops(model.graph) and "QMoE" not in [n.op_type for n in model.graph.node]
+    metadata = {prop.key: prop.value for prop in model.metadata_props}
+    assert metadata[ROW_BY_ROW_WINDOW] == str(DEFAULT_WINDOW)
+
+
+@pytest.mark.parametrize("positions", [2, 4, 8])
+def test_verifying_call_equals_steps_bit_for_bit(package: Path, positions: int) -> None:
+    decoder = DecoderSession(package / "model.onnx", session_options=options())
+    ids = np.random.default_rng(positions).integers(3, decoder.vocab_size, size=(1, PROMPT))
+    decoder.reset(1)
+    out = decoder.step(ids.astype(np.int64), logits_to_keep=1)
+    state = dict(decoder.past), decoder.mask
+    tokens, steps = [int(out[LOGITS][0, -1].argmax())], []
+    for _ in range(positions):
+        logits = decoder.step(np.array([[tokens[-1]]]), logits_to_keep=1)[LOGITS][0, -1]
+        steps.append(logits)
+        tokens.append(int(logits.argmax()))
+    decoder.past, decoder.mask = dict(state[0]), state[1]
+    call = decoder.step(np.array([tokens[:positions]]), logits_to_keep=positions)[LOGITS][0]
+    np.testing.assert_array_equal(call, np.stack(steps))
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_speculative_tokens_equal_plain_greedy(package: Path, k: int) -> None:
+    """A scripted head drafting the plain continuation, wrong at every fifth position
+    (partial accepts), and the package's own head: plain greedy's tokens either way."""
+    decoder = DecoderSession(package / "model.onnx", session_options=options())
+    ids = np.random.default_rng(k).integers(3, decoder.vocab_size, size=(1, PROMPT))
+    plain = greedy(decoder, ids, NEW_TOKENS).tokens
+    known = np.array([[*ids[0], *plain]])
+    scripted = ScriptedHead(known, decoder.vocab_size, lambda row, t: t % 5 == 0)
+    for head in (scripted, open_head(package, session_options=options())):
+        tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, adaptive=False)
+        assert tokens[0] == plain and stats.proposed > 0
