@@ -1,4 +1,5 @@
-r"""Why speculation is not exact on `--activations int8` packages (docs/speculative.md).
+r"""Whether a verifying call computes each position as one-position steps do, and if not,
+where it starts to differ (docs/speculative.md, "`--activations int8` packages").
 
 A verifying call feeds K + 1 positions at once; plain decoding feeds them one call each. From
 the same state after a prompt, this compares the logits of each position both ways (NRMSE),
@@ -91,6 +92,8 @@ def first_divergence(package: Path, threads: int) -> dict[str, Any] | None:
     finally:
         probe.unlink()
     for name, one, many in zip(probed, *rows, strict=True):
+        if one.shape[-1] != many.shape[-1]:
+            continue  # not a per-position tensor (the attention mask's sums)
         one, many = one.reshape(-1, one.shape[-1])[0], many.reshape(-1, many.shape[-1])[0]
         if not np.array_equal(one, many):
             return {"tensor": name, "max_abs_difference": float(np.abs(one - many).max())}

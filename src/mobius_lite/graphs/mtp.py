@@ -34,7 +34,8 @@ def build_mtp(
     past_key_values.mtp.*, logits_to_keep) -> (logits, present.mtp.*, mtp_hidden_states).
     logits_to_keep is the decoder's optional input (default 0: every position): a draft
     needs the last position's logits only, and a head catching up on many positions would
-    otherwise run its lm_head over every one of them.
+    otherwise run its lm_head, and its experts, over every one of them. Unlike the
+    decoder's, it also keeps mtp_hidden_states to those positions (models/nemotron_h_mtp.py).
 
     The arguments mean what they mean for build_decoder; the head's weight slots resolve
     their formats by their checkpoint names (mtp.layers.*, backbone.embeddings.weight,
@@ -67,9 +68,10 @@ def build_mtp(
         )
     per_sequence = op.Reshape(
         head_hidden,
-        op.Concat(op.Slice(op.Shape(ids), [0], [2]), op.Constant(value_ints=[hidden]), axis=0),
+        op.Concat(op.Slice(op.Shape(ids), [0], [1]), op.Constant(value_ints=[-1, hidden]), axis=0),
     )
-    outputs.append(name_output(per_sequence, MTP_HIDDEN_STATES, dtype, (BATCH, "sequence", hidden)))
+    hidden_shape = (BATCH, "logits_sequence", hidden)  # the positions the logits keep
+    outputs.append(name_output(per_sequence, MTP_HIDDEN_STATES, dtype, hidden_shape))
     graph.outputs.extend(outputs)
     return to_model(graph), module
 

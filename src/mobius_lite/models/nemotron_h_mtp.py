@@ -74,6 +74,7 @@ class MTPModel(nn.Module):
 
     def __init__(self, config: NemotronHConfig, ctx: BuildContext) -> None:
         super().__init__()
+        self.width = config.hidden_size
         last = len(config.mtp_layers) - 1
         self.layers = nn.ModuleList(
             [
@@ -83,12 +84,30 @@ class MTPModel(nn.Module):
         )
 
     def forward(
-        self, op: OpBuilder, hidden: ir.Value, embeds: ir.Value, step: StepInputs
+        self,
+        op: OpBuilder,
+        hidden: ir.Value,
+        embeds: ir.Value,
+        step: StepInputs,
+        keep: ir.Value | None = None,
     ) -> tuple[ir.Value, dict[str, ir.Value]]:
+        """The head's output rows: every position's, or with `keep` (logits_to_keep) the last
+        that many positions' (all when 0). The blocks after the last one with a cache (the
+        MoE after the attention) then run on those positions only: the other positions'
+        outputs feed nothing but their own logits, and their cache entries are made before.
+        A head catching up on many positions otherwise ran its experts on each of them."""
+        stateful = [i for i, block in enumerate(self.layers) if block.layer.kind.states]
+        narrow_at = stateful[-1] + 1 if stateful else 0
         presents: dict[str, ir.Value] = {}
         for i, block in enumerate(self.layers):
+            if keep is not None and i == narrow_at:
+                hidden = last_positions(op, hidden, step.dims, keep, self.width)
+                if i == 0:
+                    embeds = last_positions(op, embeds, step.dims, keep, self.width)
             hidden, block_presents = block(op, hidden, step, embeds if i == 0 else None)
             presents.update(block_presents)
+        if keep is not None and narrow_at == len(self.layers):
+            hidden = last_positions(op, hidden, step.dims, keep, self.width)
         return hidden, presents
 
 
@@ -144,18 +163,14 @@ class NemotronHMTPForCausalLM(nn.Module):
         logits_to_keep: int64 scalar, logits of only the last that many positions (0: all).
 
         Returns (logits FP32 [batch, seq or kept, vocab], presents by name, the final-normed
-        head output of every position [rows, hidden])."""
-        width = self.config.hidden_size
+        head output of the same positions [rows, hidden])."""
         step = step_inputs(op, input_ids, attention_mask, past)
         embeds = self.backbone(op, input_ids)
-        rows = op.Constant(value_ints=[-1, width])
+        rows = op.Constant(value_ints=[-1, self.config.hidden_size])
         hidden, presents = self.mtp(
-            op, op.Reshape(hidden_states, rows), op.Reshape(embeds, rows), step
+            op, op.Reshape(hidden_states, rows), op.Reshape(embeds, rows), step, logits_to_keep
         )
-        kept = hidden
-        if logits_to_keep is not None:
-            kept = last_positions(op, hidden, step.dims, logits_to_keep, width)
         logits = output_logits(
-            op, kept, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
+            op, hidden, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
         )
         return logits, presents, hidden

@@ -91,8 +91,9 @@ class MtpHead(CachedSession):
         attention_mask: np.ndarray,
         logits_to_keep: int = 0,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """DraftHead.step; logits_to_keep > 0 asks for the logits of the last that many
-        positions only (the cheap call a draft needs), where the graph takes it."""
+        """DraftHead.step; logits_to_keep > 0 asks for the logits and mtp_hidden_states of
+        the last that many positions only (the cheap call a draft needs), where the graph
+        takes it; every position still enters the cache."""
         self.mask = np.concatenate([self.mask, np.asarray(attention_mask, np.int64)], axis=1)
         feeds = {
             INPUT_IDS: np.asarray(input_ids, np.int64),
