@@ -12,6 +12,7 @@ experts), so the model has several experts per token and the sessions two thread
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -38,7 +39,10 @@ from reference_fixtures.speculative_fixtures import ScriptedHead
 
 NEW_TOKENS = 40
 PROMPT = 12
-EXPERTS = {"n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32}
+EXPERTS = {"n_routed_experts": 16, "num_experts_per_tok": 4}
+# the experts' width: 32 puts both projections on QMoE int8; 16 leaves down_proj in F32
+# (rows shorter than a Q8_0 block), so the experts stay on the run-time-picked paths
+WIDTHS = {"qmoe": 32, "exact_experts": 16}
 THREADS = 2
 
 
@@ -48,17 +52,23 @@ def options() -> ort.SessionOptions:
     return opts
 
 
-@pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("speculative_int8")
-    model = make_reference({"layers_block_type": HEAD_PATTERN, **EXPERTS}, seed=5)
+class Built(NamedTuple):
+    experts: str  # a WIDTHS key
+    path: Path
+
+
+@pytest.fixture(scope="module", params=sorted(WIDTHS))
+def package(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    root = tmp_path_factory.mktemp(f"speculative_int8_{request.param}")
+    width = {"moe_intermediate_size": WIDTHS[request.param]}
+    model = make_reference({"layers_block_type": HEAD_PATTERN, **EXPERTS, **width}, seed=5)
     head = head_tensors(global_head_shape(model.config), np.random.default_rng(9))
     path = root / "tiny.gguf"
     write_gguf(
         path, model, "nemotron_h_moe", {r".": "Q8_0"}, nextn=nextn_tensors(head, model.config, {})
     )
     built = mobius_lite.build(path, weights_backend="ort", activations="int8")
-    return built.save(root / "package", quiet=True)
+    return Built(request.param, built.save(root / "package", quiet=True))
 
 
 def ops(graph: onnx.GraphProto) -> list[str]:
@@ -71,18 +81,20 @@ def ops(graph: onnx.GraphProto) -> list[str]:
     return found
 
 
-def test_experts_run_on_qmoe_row_by_row(package: Path) -> None:
-    """The case the module doc describes: the experts on QMoE int8, inside a Loop; the
+def test_experts_run_row_by_row(package: Built) -> None:
+    """The experts (on QMoE int8, or on the run-time-picked paths) inside a Loop; the
     decoder records the window (generate --speculative warns without it)."""
-    model = onnx.load(str(package / "model.onnx"), load_external_data=False)
-    assert "QMoE" in ops(model.graph) and "QMoE" not in [n.op_type for n in model.graph.node]
+    model = onnx.load(str(package.path / "model.onnx"), load_external_data=False)
+    assert ("QMoE" in ops(model.graph)) is (package.experts == "qmoe")
+    assert "QMoE" not in [n.op_type for n in model.graph.node]
+    assert "Loop" in [n.op_type for n in model.graph.node]
     metadata = {prop.key: prop.value for prop in model.metadata_props}
     assert metadata[ROW_BY_ROW_WINDOW] == str(DEFAULT_WINDOW)
 
 
 @pytest.mark.parametrize("positions", [2, 4, 8])
-def test_verifying_call_equals_steps_bit_for_bit(package: Path, positions: int) -> None:
-    decoder = DecoderSession(package / "model.onnx", session_options=options())
+def test_verifying_call_equals_steps_bit_for_bit(package: Built, positions: int) -> None:
+    decoder = DecoderSession(package.path / "model.onnx", session_options=options())
     ids = np.random.default_rng(positions).integers(3, decoder.vocab_size, size=(1, PROMPT))
     decoder.reset(1)
     out = decoder.step(ids.astype(np.int64), logits_to_keep=1)
@@ -98,14 +110,14 @@ def test_verifying_call_equals_steps_bit_for_bit(package: Path, positions: int) 
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])
-def test_speculative_tokens_equal_plain_greedy(package: Path, k: int) -> None:
+def test_speculative_tokens_equal_plain_greedy(package: Built, k: int) -> None:
     """A scripted head drafting the plain continuation, wrong at every fifth position
     (partial accepts), and the package's own head: plain greedy's tokens either way."""
-    decoder = DecoderSession(package / "model.onnx", session_options=options())
+    decoder = DecoderSession(package.path / "model.onnx", session_options=options())
     ids = np.random.default_rng(k).integers(3, decoder.vocab_size, size=(1, PROMPT))
     plain = greedy(decoder, ids, NEW_TOKENS).tokens
     known = np.array([[*ids[0], *plain]])
     scripted = ScriptedHead(known, decoder.vocab_size, lambda row, t: t % 5 == 0)
-    for head in (scripted, open_head(package, session_options=options())):
+    for head in (scripted, open_head(package.path, session_options=options())):
         tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, adaptive=False)
         assert tokens[0] == plain and stats.proposed > 0
