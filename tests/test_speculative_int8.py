@@ -92,21 +92,28 @@ def test_experts_run_row_by_row(package: Built) -> None:
     assert metadata[ROW_BY_ROW_WINDOW] == str(DEFAULT_WINDOW)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("positions", [2, 4, 8])
-def test_verifying_call_equals_steps_bit_for_bit(package: Built, positions: int) -> None:
+def test_verifying_call_equals_steps_bit_for_bit(
+    package: Built, positions: int, batch: int
+) -> None:
+    """Any batch: a call of up to the window's positions runs row by row (at batch 2 and 8
+    positions it holds 16 rows)."""
     decoder = DecoderSession(package.path / "model.onnx", session_options=options())
-    ids = np.random.default_rng(positions).integers(3, decoder.vocab_size, size=(1, PROMPT))
-    decoder.reset(1)
-    out = decoder.step(ids.astype(np.int64), logits_to_keep=1)
+    rng = np.random.default_rng(positions)
+    ids = rng.integers(3, decoder.vocab_size, size=(batch, PROMPT)).astype(np.int64)
+    decoder.reset(batch)
+    out = decoder.step(ids, logits_to_keep=1)
     state = dict(decoder.past), decoder.mask
-    tokens, steps = [int(out[LOGITS][0, -1].argmax())], []
+    tokens, steps = [out[LOGITS][:, -1].argmax(-1)], []
     for _ in range(positions):
-        logits = decoder.step(np.array([[tokens[-1]]]), logits_to_keep=1)[LOGITS][0, -1]
+        logits = decoder.step(tokens[-1][:, None], logits_to_keep=1)[LOGITS][:, -1]
         steps.append(logits)
-        tokens.append(int(logits.argmax()))
+        tokens.append(logits.argmax(-1))
     decoder.past, decoder.mask = dict(state[0]), state[1]
-    call = decoder.step(np.array([tokens[:positions]]), logits_to_keep=positions)[LOGITS][0]
-    np.testing.assert_array_equal(call, np.stack(steps))
+    fed = np.stack(tokens[:positions], axis=1).astype(np.int64)
+    call = decoder.step(fed, logits_to_keep=positions)[LOGITS]
+    np.testing.assert_array_equal(call, np.stack(steps, axis=1))
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])

@@ -202,7 +202,14 @@ class Experts(WeightedModule):
             return op.Gather(self._folded[attr], indices, axis=0)
         return self.select(op, attr, indices)
 
-    def forward(self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
+    def forward(
+        self,
+        op: OpBuilder,
+        x: ir.Value,
+        indices: ir.Value,
+        weights: ir.Value,
+        sequence: ir.Value | None = None,
+    ) -> ir.Value:
         """x: [rows, D]; indices/weights: [rows, k] -> sum_k w * expert_k(x), FP32 [rows, D].
 
         Three paths, all reading only selected experts' weights, picked at run time by the
@@ -215,8 +222,9 @@ class Experts(WeightedModule):
           iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
           to the body without a copy; an If skips the unselected ones.
 
-        Under int8 activations with speculation windows, calls of up to the window's rows run
-        the chosen path one row at a time (BuildContext.row_window).
+        Under int8 activations with speculation windows, calls of up to the window's positions
+        (`sequence`, [1] int64; any batch) run the chosen path one row at a time
+        (BuildContext.row_window).
         """
         self._fold_output_scales(op)
         route = self._fused_route()
@@ -224,8 +232,11 @@ class Experts(WeightedModule):
         window = self.ctx.row_window
         if not window:
             return experts(op, x, indices, weights)
+        if sequence is None:
+            raise ValueError("experts built with a row window need the call's sequence length")
         inputs = (x, indices, weights)
-        return row_by_row(op, window, experts, inputs, FLOAT, self.input_size, "expert_rows")
+        short = op.LessOrEqual(sequence, op.Constant(value_ints=[window]))
+        return row_by_row(op, short, experts, inputs, FLOAT, self.input_size, "expert_rows")
 
     def _selected(
         self, op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value
@@ -379,11 +390,14 @@ class MoE(nn.Module):
         else:
             self.shared_experts = None
 
-    def forward(self, op: OpBuilder, x: ir.Value) -> ir.Value:
+    def forward(self, op: OpBuilder, x: ir.Value, sequence: ir.Value | None = None) -> ir.Value:
+        """x [rows, hidden]; `sequence` ([1] int64, the call's positions) lets the experts run
+        row by row in short calls (Experts.forward)."""
         indices, weights = self.gate(op, x)
         routed_in = self.fc1_latent_proj(op, x) if self.fc1_latent_proj is not None else x
         # Accumulated in FP32 like the reference (zeros_like(..., dtype=top_k_weights.dtype)).
-        routed = cast_to(op, self.experts(op, routed_in, indices, weights), self.dtype)
+        experts = self.experts(op, routed_in, indices, weights, sequence)
+        routed = cast_to(op, experts, self.dtype)
         if self.fc2_latent_proj is not None:
             routed = self.fc2_latent_proj(op, routed)
         if self.shared_experts is not None:

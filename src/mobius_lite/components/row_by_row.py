@@ -11,9 +11,9 @@ for the run-time-picked expert paths (one gathered matmul for a few rows, a Loop
 for more: different summation orders).
 
 `row_by_row` wraps such a subgraph in a Loop whose iterations each take one row while the call
-has at most `window` rows (a plain step or a verifying call), and one iteration over all rows
-otherwise (a prefill, unchanged). The weights stay outer-scope values of one node, so
-onnxruntime prepacks them once.
+is short (at most the window's positions, whatever the batch: a plain step or a verifying
+call), and one iteration over all rows otherwise (a prefill, unchanged). The weights stay
+outer-scope values of one node, so onnxruntime prepacks them once.
 """
 
 from __future__ import annotations
@@ -34,18 +34,19 @@ RowsFn = Callable[..., ir.Value]
 
 def row_by_row(
     op: OpBuilder,
-    window: int,
+    short: ir.Value,
     body: RowsFn,
     inputs: tuple[ir.Value, ...],
     dtype: ir.DataType,
     width: int,
     name: str,
 ) -> ir.Value:
-    """body(op, *inputs) [rows, width], computed one row per Loop iteration when rows <=
-    `window`, else in one iteration (module doc). Every input's leading axis is the rows."""
+    """body(op, *inputs) [rows, width], computed one row per Loop iteration when `short`
+    (bool [1]) holds, else in one iteration (module doc). Every input's leading axis is the
+    rows."""
     rows = op.Squeeze(op.Shape(inputs[0], start=0, end=1), op.Constant(value_ints=[0]))
     one = op.Constant(value=ir.tensor(1, dtype=INT64))
-    short = op.LessOrEqual(rows, op.Constant(value=ir.tensor(window, dtype=INT64)))
+    short = op.Squeeze(short, op.Constant(value_ints=[0]))
     trips = op.Where(short, rows, one)
     chunk = op.Where(short, one, rows)
     axis = op.Constant(value_ints=[0])

@@ -68,6 +68,8 @@ class Block(nn.Module):
         i = self.layer.cache_layer
         normed = self.norm(op, hidden)
         kind = self.layer.kind
+        if kind is LayerKind.MOE:  # its experts may run row by row in short calls
+            return op.Add(hidden, self.mixer(op, normed, step.dims.sequence)), {}
         if not kind.states:
             return op.Add(hidden, self.mixer(op, normed)), {}
         # Stateful mixers take (x, dims, mask, *past states in role order) and return
