@@ -17,6 +17,8 @@ Sides (--sides, comma-separated; only the checkpoints they need are written):
   nvfp4+int8       the NVFP4 checkpoint, `--backend ort --activations int8` (issue 28: 8-bit
                    MatMulNBits / QMoE re-layouts folded at session creation; its target is
                    decode no slower than dense-bf16+ort)
+  nvfp4+int8+lm_head-q8_0  the same with `--quantize-output q8_0`: the dense lm_head quantized
+                   at export to llama.cpp's Q8_0, on MatMulNBits with int8 activations
 
 Each side is exported under /usr/bin/time -v (wall time, peak RSS, package weight bytes),
 then measured in a fresh process per round (bench_gguf.py's child: session creation time and
@@ -24,9 +26,11 @@ the RSS it added, prefill of --prompt-length tokens as the median of --repeats, 
 ms/token as the median after the first step, the process's peak RSS, every step's logits),
 the sides rotating from round to round; the 1-minute load average is recorded with each
 round. Each side's prefill logits (last position) and greedy tokens are compared with the
-reference side's (vs_reference): dense-bf16+ort when it runs, else dense-bf16; and a fused
+reference side's (vs_reference): dense-bf16+ort when it runs, else dense-bf16; a fused
 route's with its checkpoint's standard side when that runs too (vs_exact_same_weights: what
-the kernels add to the quantization's own error).
+the kernels add to the quantization's own error); and the lm_head-q8_0 side's with
+nvfp4+int8 when that runs too (vs_without_output_quantization: what quantizing lm_head adds,
+with the decode and prefill ratios of the same run).
 
 Usage:
     python benchmarks/investigations/bench_modelopt.py --workdir /tmp/bench_modelopt --threads 2 \
@@ -36,6 +40,11 @@ Usage:
         --sides dense-bf16+ort,nvfp4+int8 --workdir /tmp/bench_modelopt_mid --threads 2 \
         --rounds 3 --prompt-length 128 --decode-tokens 32 \
         --json benchmarks/investigations/runs/bench_modelopt_mid.json
+    # the dense lm_head quantized at export to Q8_0 (--quantize-output q8_0), docs/modelopt.md
+    python benchmarks/investigations/bench_modelopt.py --size mid \
+        --sides dense-bf16+ort,nvfp4+int8,nvfp4+int8+lm_head-q8_0 \
+        --workdir /tmp/bench_modelopt_lm_head --threads 2 --rounds 3 --prompt-length 128 \
+        --decode-tokens 32 --json benchmarks/investigations/runs/bench_modelopt_mid_lm_head.json
     # its errors: the exact NVFP4 package too (standard route, slow: a few decode steps)
     python benchmarks/investigations/bench_modelopt.py --size mid \
         --sides dense-bf16+ort,nvfp4,nvfp4+int8 --workdir /tmp/bench_modelopt_mid --threads 2 \
@@ -96,7 +105,14 @@ SIDES: dict[str, tuple[str, list[str]]] = {
     "mixed": ("mixed", ["--dtype", "f32"]),
     "dense-bf16+ort": (DENSE, ["--backend", "ort"]),
     "nvfp4+int8": ("nvfp4", ["--backend", "ort", "--activations", "int8"]),
+    "nvfp4+int8+lm_head-q8_0": (
+        "nvfp4",
+        ["--backend", "ort", "--activations", "int8", "--quantize-output", "q8_0"],
+    ),
 }
+# a side -> the same side without `--quantize-output` (vs_without_output_quantization: what
+# quantizing lm_head adds, when both run)
+WITHOUT_OUTPUT_QUANTIZATION = {"nvfp4+int8+lm_head-q8_0": "nvfp4+int8"}
 DEFAULT_SIDES = (DENSE, *VARIANTS)
 SCALES = (".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")
 TIMED = ("session_create_s", "session_rss_mib", "prefill_ms", "decode_ms_per_token")
@@ -243,6 +259,17 @@ def main() -> None:
             rows[side]["vs_exact_same_weights"] = compare_to_reference(
                 logits[side], rows[side]["tokens"], logits[exact], rows[exact]["tokens"]
             )
+        base = WITHOUT_OUTPUT_QUANTIZATION.get(side)
+        if base in sides:
+            rows[side]["vs_without_output_quantization"] = {
+                "side": base,
+                "decode_ratio": rows[side]["decode_ms_per_token"]
+                / rows[base]["decode_ms_per_token"],
+                "prefill_ratio": rows[side]["prefill_ms"] / rows[base]["prefill_ms"],
+                **compare_to_reference(
+                    logits[side], rows[side]["tokens"], logits[base], rows[base]["tokens"]
+                ),
+            }
         print(side, json.dumps({k: v for k, v in rows[side].items() if k != "rounds"}), flush=True)
     result = {
         "command": " ".join(["python benchmarks/investigations/bench_modelopt.py", *sys.argv[1:]]),

@@ -246,10 +246,10 @@ def check_build_route(
     plan = quantize_plan(
         quantize, quantize_output, dequantize, quantize_block_size, quantize_asymmetric
     )
-    if plan is not None and not plan.weights.type.is_ggml and precision is Precision.BF16:
+    if plan is not None and plan.matmulnbits and precision is Precision.BF16:
         raise RouteError(
-            f"{plan.weights.type.value} weights keep their scales in f32 or f16 (MatMulNBits); "
-            "build them with --dtype f32 or f16"
+            f"{plan.output_recipe.type.value} weights keep their scales in f32 or f16 "
+            "(MatMulNBits); build them with --dtype f32 or f16"
         )
     head_route = check_draft_head(draft_head, backend, precision, provider)
     if state_window_kernel and (backend is not Backend.ORT or provider != "cuda"):
@@ -271,16 +271,22 @@ def check_opened(
 ) -> None:
     """What the opened checkpoint's config and small files say, checked before its weights are
     fetched: the task fits its model type, its weight format, a quantization at export and
-    `dequantize` fit its source kind, its tokenizer.json is readable."""
+    `dequantize` fit its source kind, its tokenizer.json is readable. A packed source (GGUF,
+    ModelOpt) takes an output-only plan at most, and only when its kind and config say its
+    lm_head is dense (`OpenedCheckpoint.output_quantize_refusal`)."""
     check_task(task, opened.raw_config.get("model_type"))
     check_weight_format(opened.raw_config, SOURCE_KINDS[opened.kind])
     if dequantize and opened.dequantize_refusal is not None:
         raise RouteError(f"--dequantize: {opened.dequantize_refusal}")
     if plan is not None and opened.kind != SAFETENSORS_KIND.name:
-        raise RouteError(
-            f"{model} is a {opened.kind} checkpoint, whose weights are already packed; "
-            "quantizing at export takes a dense (BF16, FP16, FP32) safetensors checkpoint"
-        )
+        if not plan.output_only:
+            raise RouteError(
+                f"{model} is a {opened.kind} checkpoint, whose weights are already packed; "
+                "quantizing at export takes a dense (BF16, FP16, FP32) safetensors checkpoint "
+                "(--quantize-output alone quantizes a dense lm_head of a ModelOpt checkpoint)"
+            )
+        if opened.output_quantize_refusal is not None:
+            raise RouteError(f"--quantize-output: {opened.output_quantize_refusal}")
     check_tokenizer_json(opened.extra_files)
 
 
@@ -288,11 +294,17 @@ def export_source(
     source: TensorSource, plan: QuantizePlan | None, source_record: dict[str, Any]
 ) -> tuple[TensorSource, dict[str, Any]]:
     """The tensors the graphs bind (the checkpoint's, or with a plan its tensors quantized at
-    export) and the package metadata: where the checkpoint came from, and the quantization
-    with the tensors it left dense."""
+    export: an output-only plan's lm_head alone, on any source check_opened let through) and
+    the package metadata: where the checkpoint came from, and the quantization with the
+    tensors it left dense."""
     metadata: dict[str, Any] = {"source": source_record}
     if plan is not None:
         choice = choose_quantization(source, plan)
+        if plan.output_only and not (choice.recipes or choice.fallbacks):
+            raise RouteError(
+                "--quantize-output: the checkpoint has no lm_head.weight (its logits come from "
+                "the tied embedding table), so there is no output projection to quantize"
+            )
         source = QuantizedSource(source, choice.recipes)
         metadata["quantization"] = {**plan.record(), "fallbacks": list(choice.fallbacks.values())}
     return source, metadata
@@ -305,10 +317,11 @@ def quantize_plan(
     block: int | None = None,
     asymmetric: bool = False,
 ) -> QuantizePlan | None:
-    """The typed plan of build's quantize arguments, None when not quantizing."""
-    if quantize is None:
-        if output is not None or block is not None or asymmetric:
-            raise RouteError("the output type, block size and asymmetry need a quantization")
+    """The typed plan of build's quantize arguments, None when not quantizing; `output`
+    without `quantize` is an output-only plan (lm_head quantized, the rest as stored)."""
+    if quantize is None and output is None:
+        if block is not None or asymmetric:
+            raise RouteError("the block size and asymmetry need a quantization")
         return None
     if dequantize:
         raise RouteError("quantizing at export and dequantizing packed weights exclude each other")

@@ -170,7 +170,7 @@ def _add_weight_arguments(p: argparse.ArgumentParser) -> None:
         "llama.cpp's own, bit for bit, on the tensors llama-quantize --pure quantizes "
         "(docs/quantize.md); they then take every route of that ggml type (--backend, "
         "--activations) as a GGUF of it would. int4 / int8 are onnxruntime-genai's builder's "
-        "MatMulNBits blocks. Refused for GGUF and ModelOpt sources",
+        "MatMulNBits blocks. Refused for GGUF and ModelOpt sources (see --quantize-output)",
     )
     p.add_argument(
         "--quantize-block-size",
@@ -188,7 +188,11 @@ def _add_weight_arguments(p: argparse.ArgumentParser) -> None:
         choices=[t.value for t in QuantType],
         metavar="TYPE",
         help="with --quantize: lm_head's type instead (as llama-quantize --output-tensor-type; "
-        "int8 with int4 as onnxruntime-genai's last_matmul:int8)",
+        "int8 with int4 as onnxruntime-genai's last_matmul:int8). Alone: lm_head only, every "
+        "other tensor as the checkpoint stores it: for a ModelOpt (NVFP4 / FP8 / mixed) "
+        "checkpoint, whose lm_head the releases keep dense (BF16), e.g. q8_0 as llama.cpp keeps "
+        "it, on MatMulNBits under --backend ort (int8 activations with --activations int8). "
+        "Refused for GGUF files and a ModelOpt lm_head stored packed",
     )
     p.add_argument(
         "--draft-head",

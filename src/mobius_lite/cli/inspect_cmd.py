@@ -387,13 +387,19 @@ def format_report(report: dict[str, Any], verbose: bool = False) -> str:
 
 
 def _quantization_lines(plan: dict[str, Any] | None) -> list[str]:
-    """What `--quantize` asked for, and the tensors it kept dense (rows not whole blocks)."""
+    """What `--quantize` / `--quantize-output` asked for, and the tensors it kept dense (rows
+    not whole blocks). `weights` null: an output-only plan (lm_head alone)."""
     if not plan:
         return []
-    weights, output = plan.get("weights", {}), plan.get("output", {})
+    weights, output = plan.get("weights"), plan.get("output", {})
+    asked = (
+        f"lm_head {output.get('type')} only (every other tensor as the checkpoint stores it)"
+        if weights is None
+        else f"weights {weights.get('type')}, lm_head {output.get('type')}"
+    )
     lines = [
         "",
-        f"quantized at export: weights {weights.get('type')}, lm_head {output.get('type')} "
+        f"quantized at export: {asked} "
         "(per tensor: source sha256 and recipe in manifest.json; mobius verify re-derives them)",
     ]
     lines += [f"  kept dense: {f}" for f in plan.get("fallbacks", [])]

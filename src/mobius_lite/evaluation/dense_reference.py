@@ -10,10 +10,12 @@ package's packed weights hold:
   back to A_log, reshapes, the per-head q/k row order, stacked experts split per expert, a
   dropped `output` restored as token_embd);
 - a ModelOpt checkpoint: NVFP4 and FP8 weights decoded by the numpy reference decodes
-  (formats/modelopt), activation / KV scales dropped as the export drops them;
-- a package quantized at export (`--quantize`, a dense safetensors source): the source with
-  each tensor the manifest records as quantized replaced by its dequantized value
-  (evaluation/quantized_reference.py).
+  (formats/modelopt), activation / KV scales dropped as the export drops them; a package that
+  quantized its dense lm_head at export (`--quantize-output` alone) has it dequantized as
+  below;
+- a package quantized at export (`--quantize` / `--quantize-output`, a dense safetensors
+  source): the source with each tensor the manifest records as quantized replaced by its
+  dequantized value (evaluation/quantized_reference.py).
 A decoded checkpoint takes as much disk as the model in FP32; the caller removes it.
 """
 
@@ -28,7 +30,11 @@ from typing import Any
 import numpy as np
 
 from mobius_lite.errors import ConfigError
-from mobius_lite.evaluation.quantized_reference import DENSE_FILE, write_dequantized_checkpoint
+from mobius_lite.evaluation.quantized_reference import (
+    DENSE_FILE,
+    dequantized,
+    write_dequantized_checkpoint,
+)
 from mobius_lite.formats.quantize.recipe import Recipe
 from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.models.nemotron_h_names import (
@@ -81,16 +87,18 @@ def gguf_decoded(request: ReferenceRequest) -> Path:
 
 
 def modelopt_decoded(request: ReferenceRequest) -> Path:
-    """A ModelOpt checkpoint with every weight decoded to FP32."""
-    _no_recipes(request, "a ModelOpt checkpoint")
-    return _write_dense(_modelopt_dense(request.source), request)
+    """A ModelOpt checkpoint with every weight decoded to FP32; the dense tensors the package
+    quantized at export (`--quantize-output`: lm_head) replaced by the values their blocks
+    stand for."""
+    return _write_dense(_modelopt_dense(request.source, request.recipes), request)
 
 
 def _no_recipes(request: ReferenceRequest, what: str) -> None:
-    if request.recipes:  # build refuses --quantize on packed sources
+    if request.recipes:  # build refuses --quantize and --quantize-output on these sources
         raise ConfigError(
             f"{request.source} is {what}, whose weights are already packed; a package quantized "
-            "at export comes from a dense safetensors checkpoint: pass that one"
+            "at export comes from a dense safetensors checkpoint (or, lm_head alone, a ModelOpt "
+            "one): pass that one"
         )
 
 
@@ -165,21 +173,38 @@ def _undo_conversion(
     return np.ascontiguousarray(values.reshape(mapping.checkpoint_shape))
 
 
-def _modelopt_dense(directory: Path) -> dict[str, np.ndarray]:
+def _modelopt_dense(
+    directory: Path, recipes: Mapping[str, Recipe] | None = None
+) -> dict[str, np.ndarray]:
     """Every weight of a ModelOpt checkpoint decoded to FP32 (NVFP4: codes x E4M3 block scale
-    x global scale; FP8: E4M3 x scale); scales are consumed or, for activations / KV, dropped."""
+    x global scale; FP8: E4M3 x scale); scales are consumed or, for activations / KV, dropped.
+    A dense tensor with a recipe takes the values its quantization stands for
+    (quantized_reference.dequantized: gguf-py's or onnxruntime's quantizer, not the export's);
+    a recipe on a packed or absent tensor is a package this checkpoint cannot have made."""
     from mobius_lite.formats.modelopt import fp8, nvfp4
     from mobius_lite.formats.modelopt.storage import FP8WeightStorage, NVFP4CodeStorage
     from mobius_lite.source_kinds import local_tensors
     from mobius_lite.sources.modelopt_open import COMPANIONS, WEIGHT
 
+    recipes = recipes or {}
     source = local_tensors(directory)
+    absent = sorted(set(recipes) - set(source.names()))
+    if absent:
+        raise ConfigError(
+            f"the package quantized {', '.join(absent[:5])} at export; {directory} has no such "
+            "tensor: pass the checkpoint the package was built from"
+        )
     out: dict[str, np.ndarray] = {}
     for name in source.names():
         if name.endswith(COMPANIONS):
             continue
         module = name.removesuffix(WEIGHT)
         storage = source.info(name).storage
+        if name in recipes and isinstance(storage, (NVFP4CodeStorage, FP8WeightStorage)):
+            raise ConfigError(
+                f"the package quantized {name} at export, but {directory} stores it packed "
+                f"({storage.name}): pass the checkpoint the package was built from"
+            )
         if isinstance(storage, NVFP4CodeStorage):
             scale_2 = np.asarray(source.read(module + ".weight_scale_2"), np.float32)
             dense = nvfp4.dequantize(
@@ -194,6 +219,8 @@ def _modelopt_dense(directory: Path) -> dict[str, np.ndarray]:
                 source.read(name), scale.reshape(()) if scale.size == 1 else scale, name
             )
         else:
-            dense = source.read(name)
+            dense = np.asarray(source.read(name), dtype=np.float32)
+            if name in recipes:
+                dense = dequantized(dense, recipes[name])
         out[name] = np.ascontiguousarray(np.asarray(dense, dtype=np.float32))
     return out

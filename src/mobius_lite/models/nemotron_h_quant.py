@@ -5,6 +5,7 @@ it has at least 2 dimensions, its name ends in "weight" and it is none of: a nor
 (`*_norm.weight`), the MoE router (`ffn_gate_inp.weight`), the Mamba conv1d (`ssm_conv1d`).
 With `--pure` every such tensor takes the one type, the embedding (`token_embd`) and the
 output projection (`output.weight`) included; `--output-tensor-type` sets lm_head's.
+`--quantize-output` alone (an output-only plan) quantizes lm_head only, by the same rules.
 For Nemotron-H's checkpoint names (docs/quantize.md has the table):
 - quantized: the embedding (not Omni's, whose embedding graph looks rows up in the build's
   dtype), lm_head (or the output recipe), every projection of the Mamba, attention, MLP and
@@ -72,7 +73,8 @@ def kept_reason(name: str, shape: tuple[int, ...]) -> str | None:
 
 def choose_quantization(source: TensorSource, plan: QuantizePlan) -> QuantizeChoice:
     """The tensors of `source` llama-quantize --pure would quantize, with their recipes
-    (lm_head: the plan's output recipe), from the index alone (no tensor data is read)."""
+    (lm_head: the plan's output recipe; an output-only plan: lm_head alone), from the index
+    alone (no tensor data is read)."""
     recipes: dict[str, Recipe] = {}
     fallbacks: dict[str, str] = {}
     for name in source.names():
@@ -80,9 +82,11 @@ def choose_quantization(source: TensorSource, plan: QuantizePlan) -> QuantizeCho
         if kept_reason(name, shape) is not None:
             continue
         bare = name.removeprefix(OMNI_LANGUAGE)
-        if EMBEDDING.match(bare) and not plan.weights.type.is_ggml:
+        recipe = plan.recipe_of(output=bare == OUTPUT_WEIGHT)
+        if recipe is None:
+            continue  # an output-only plan: kept as the checkpoint stores it
+        if EMBEDDING.match(bare) and not recipe.type.is_ggml:
             continue  # onnxruntime-genai's builder quantizes MatMul weights, not the Gather
-        recipe = plan.output_recipe if bare == OUTPUT_WEIGHT else plan.weights
         block = recipe.block
         if shape[-1] % block:
             fallbacks[name] = (

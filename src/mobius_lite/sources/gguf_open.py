@@ -43,6 +43,12 @@ UNUSED_RULES = {
         "this export computes weight-only"
     )
 }
+# why `--quantize-output` alone does not apply (the file's lm_head is never a dense tensor
+# the export could quantize as llama.cpp would: the converter or llama-quantize chose it)
+OUTPUT_QUANTIZE_REFUSAL = (
+    "a GGUF file's lm_head (output.weight, or token_embd when tied) is already stored as a "
+    "GGUF type; requantize it with llama-quantize --output-tensor-type instead"
+)
 
 # (checkpoint, config.json dict or None) -> config dict: configs/gguf_metadata.py's
 # config_from_checkpoint, handed in by the caller (configs sit above sources).
@@ -154,4 +160,5 @@ def open_gguf(
         open_tensors=GGUFCheckpoint,
         unused_rules=UNUSED_RULES,
         binding_hint=hint,
+        output_quantize_refusal=OUTPUT_QUANTIZE_REFUSAL,
     )

@@ -33,6 +33,7 @@ from mobius_lite.formats.modelopt.storage import (
     e4m3_scales,
     fp8_weights,
     nvfp4_codes,
+    output_quantize_refusal,
 )
 from mobius_lite.formats.storage import Storage
 from mobius_lite.sources.base import TensorInfo
@@ -62,7 +63,8 @@ def is_modelopt(raw_config: dict[str, Any], directory: Path) -> bool:
 def open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
     """The checkpoint as kind "modelopt": quantization validated now (config files only), the
     tensor index checked against it when opened (headers only); whether `--dequantize` can
-    export it is known now too (FP8 and dense layers only)."""
+    export it (FP8 and dense layers only) and whether `--quantize-output` alone can (a dense
+    lm_head) are known now too."""
     quantization = parse_quantization(opened.raw_config, _read_hf_quant_config(opened))
     if quantization is None:
         raise ConfigError(
@@ -75,6 +77,7 @@ def open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
         open_tensors=partial(ModelOptCheckpoint, quantization=quantization),
         unused_rules={**opened.unused_rules, **UNUSED_RULES},
         dequantize_refusal=dequantize_refusal(quantization),
+        output_quantize_refusal=output_quantize_refusal(quantization),
     )
 
 

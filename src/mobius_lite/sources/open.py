@@ -38,6 +38,9 @@ class OpenedCheckpoint:
     binding_hint: str = "Check that config.json belongs to these weights."
     # why `--dequantize` cannot export it (one sentence from its config), None when it can
     dequantize_refusal: str | None = None
+    # why `--quantize-output` alone cannot quantize its lm_head (one sentence: a GGUF's is
+    # already a GGUF type, a ModelOpt config quantizes it), None when its lm_head is dense
+    output_quantize_refusal: str | None = None
 
     def with_weights(self) -> OpenedCheckpoint:
         """The same checkpoint with its weight files present (hub: the same commit's)."""

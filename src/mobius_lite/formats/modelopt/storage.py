@@ -14,6 +14,8 @@ not part of it: the model's dequantize name map binds it as the slot's output sc
 (formats/weight.py OutputScaled, models/nemotron_h_names.py). NVFP4 codes and block scales have
 no dense conversion (one code decodes with its block scale and the global scale, three
 tensors); `dequantize_refusal` says so from the config, before anything is read.
+`--quantize-output` alone quantizes a dense lm_head (sources/quantized.py); a config that
+stores lm_head packed is refused by `output_quantize_refusal`, from the config too.
 """
 
 from __future__ import annotations
@@ -74,6 +76,24 @@ def dequantize_refusal(quantization: ModelOptQuantization) -> str | None:
     return (
         f"the ModelOpt MIXED_PRECISION checkpoint stores {len(nvfp4)} layer(s) as NVFP4 "
         f"(first: {nvfp4[0]}): " + NVFP4_DEQUANTIZE
+    )
+
+
+OUTPUT_MODULE = "lm_head"  # the output projection, as ModelOpt's configs name it
+
+
+def output_quantize_refusal(quantization: ModelOptQuantization) -> str | None:
+    """Why `--quantize-output` alone cannot quantize this checkpoint's lm_head (its config
+    stores it as NVFP4 / FP8, so there is no dense lm_head to quantize), or None: the
+    releases exclude lm_head, which stays in the checkpoint dtype. From the config alone,
+    before any weight is fetched (sources/quantized.py refuses a packed tensor again)."""
+    algo = quantization.resolve(OUTPUT_MODULE)
+    if algo is QuantAlgo.NONE:
+        return None
+    return (
+        f"the ModelOpt checkpoint stores {OUTPUT_MODULE} as {algo.value} (its quantization "
+        "config does not exclude it); only a dense lm_head is quantized at export: build "
+        "without --quantize-output"
     )
 
 

@@ -83,26 +83,32 @@ class Recipe:
 
 @dataclass(frozen=True)
 class QuantizePlan:
-    """What `--quantize` asks of a build: the type of every tensor llama.cpp quantizes, and
-    optionally another for the output projection (lm_head), as llama-quantize's --pure and
-    --output-tensor-type do."""
+    """What `--quantize` / `--quantize-output` ask of a build: the type of every tensor
+    llama.cpp quantizes, and optionally another for the output projection (lm_head), as
+    llama-quantize's --pure and --output-tensor-type do. An output-only plan (`weights`
+    None: `--quantize-output` alone) quantizes lm_head only and keeps every other tensor as
+    the checkpoint stores it (a ModelOpt checkpoint's packed weights, bytes unchanged)."""
 
-    weights: Recipe
+    weights: Recipe | None
     output: Recipe | None = None  # None: lm_head takes `weights`
+
+    def __post_init__(self) -> None:
+        if self.weights is None and self.output is None:
+            raise RouteError("a quantization plan quantizes the weights, lm_head or both")
 
     @classmethod
     def of(
         cls,
-        weights: QuantType | str,
+        weights: QuantType | str | None,
         output: QuantType | str | None = None,
         block: int | None = None,
         symmetric: bool = True,
     ) -> QuantizePlan:
-        """The plan of `--quantize weights [--quantize-output output]`; `block` and
-        `symmetric` apply to int4 / int8 (llama.cpp's types have their own)."""
-        main = _recipe(QuantType.parse(weights), block, symmetric)
+        """The plan of `[--quantize weights] [--quantize-output output]` (at least one);
+        `block` and `symmetric` apply to int4 / int8 (llama.cpp's types have their own)."""
+        main = None if weights is None else _recipe(QuantType.parse(weights), block, symmetric)
         head = None if output is None else _recipe(QuantType.parse(output), block, symmetric)
-        if head is not None and head.type.is_ggml != main.type.is_ggml:
+        if main is not None and head is not None and head.type.is_ggml != main.type.is_ggml:
             raise RouteError(
                 f"lm_head as {head.type.value} with weights as {main.type.value}: choose an "
                 "output type of the same family (q8_0 / q4_0, or int8 / int4)"
@@ -110,11 +116,31 @@ class QuantizePlan:
         return cls(main, head)
 
     @property
+    def output_only(self) -> bool:
+        """True when only lm_head is quantized (every other tensor kept as stored)."""
+        return self.weights is None
+
+    @property
     def output_recipe(self) -> Recipe:
-        return self.output or self.weights
+        recipe = self.output or self.weights
+        assert recipe is not None  # __post_init__: one of them is set
+        return recipe
+
+    @property
+    def matmulnbits(self) -> bool:
+        """True when a recipe of the plan is int4 / int8 (MatMulNBits blocks, whose scales
+        are f32 or f16) rather than llama.cpp's ggml blocks."""
+        return not self.output_recipe.type.is_ggml
+
+    def recipe_of(self, output: bool) -> Recipe | None:
+        """The recipe of lm_head (`output`) or of any other tensor llama.cpp quantizes; None
+        for the latter under an output-only plan."""
+        return self.output_recipe if output else self.weights
 
     def record(self) -> dict[str, Any]:
-        return {"weights": self.weights.record(), "output": self.output_recipe.record()}
+        """The manifest's record: `weights` null for an output-only plan."""
+        weights = None if self.weights is None else self.weights.record()
+        return {"weights": weights, "output": self.output_recipe.record()}
 
 
 def _recipe(qtype: QuantType, block: int | None, symmetric: bool) -> Recipe:
