@@ -388,8 +388,8 @@ def test_speculation_on_int8_activations_is_said(tmp_path, capsys) -> None:
 
     import onnx
 
-    from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
     from mobius_lite.demo import write_demo
+    from mobius_lite.io_contract import ROW_BY_ROW_WINDOW
 
     write_demo("mtp", tmp_path / "ckpt")
     flags = ["--quantize", "q8_0", "--backend", "ort"]

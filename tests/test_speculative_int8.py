@@ -20,9 +20,10 @@ import onnxruntime as ort
 import pytest
 
 import mobius_lite
-from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
+from mobius_lite.cli.main import main
 from mobius_lite.components.state_window import DEFAULT_WINDOW
-from mobius_lite.io_contract import LOGITS
+from mobius_lite.errors import ConfigError
+from mobius_lite.io_contract import LOGITS, ROW_BY_ROW_WINDOW
 from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.greedy import greedy
 from mobius_lite.run.mtp_head import open_head
@@ -128,3 +129,27 @@ def test_speculative_tokens_equal_plain_greedy(package: Built, k: int) -> None:
     for head in (scripted, open_head(package.path, session_options=options())):
         tokens, stats = speculative_greedy(decoder, head, ids, NEW_TOKENS, k, adaptive=False)
         assert tokens[0] == plain and stats.proposed > 0
+
+
+def test_more_drafts_than_the_row_window_are_refused(package: Built, capsys) -> None:
+    """K + 1 beyond the row-by-row window would verify in one batched call, whose tokens may
+    differ: refused in one line, by the API and by generate (exit 2), before any call."""
+    decoder = DecoderSession(package.path / "model.onnx", session_options=options())
+    assert decoder.row_window == DEFAULT_WINDOW
+    ids = np.array([[5, 6, 7]], np.int64)
+    with pytest.raises(ConfigError, match=f"use k <= {DEFAULT_WINDOW - 1}"):
+        speculative_greedy(decoder, open_head(package.path), ids, 4, DEFAULT_WINDOW)
+    capsys.readouterr()
+    args = [
+        "generate",
+        str(package.path),
+        "--prompt-ids",
+        "5,6,7",
+        "--max-new-tokens",
+        "4",
+        "--ids",
+    ]
+    assert main([*args, "--speculative", str(DEFAULT_WINDOW)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"use k <= {DEFAULT_WINDOW - 1}" in err[0], err
+    assert main([*args, "--speculative", str(DEFAULT_WINDOW - 1)]) == 0

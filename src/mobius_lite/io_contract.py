@@ -26,6 +26,10 @@ LAYER_HIDDEN_PREFIX = "hidden_states."
 PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."
 WINDOW_PREFIX = "present_window."
+# Decoder metadata: calls of up to this many positions compute each position exactly as a
+# one-position call does (an int8-activation decoder's experts run row by row:
+# components/row_by_row.py); absent, a verifying call agrees with steps to rounding only.
+ROW_BY_ROW_WINDOW = "mobius_lite.row_by_row_window"
 
 # The Omni media graphs and the embedding graph's media inputs.
 PIXEL_VALUES = "pixel_values"

@@ -285,8 +285,8 @@ def _warn_if_inexact_verification(decoder_file: Path) -> None:
     one-token steps, so speculation can give other tokens than plain greedy decoding."""
     import onnx
 
-    from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
     from mobius_lite.evaluation.validity import int8_activation_kernels
+    from mobius_lite.io_contract import ROW_BY_ROW_WINDOW
 
     model = onnx.load(str(decoder_file), load_external_data=False)
     exact_rows = any(prop.key == ROW_BY_ROW_WINDOW for prop in model.metadata_props)

@@ -24,9 +24,6 @@ import onnx_ir as ir
 from onnxscript import OpBuilder
 
 INT64 = ir.DataType.INT64
-# decoder metadata: the window of calls whose experts run row by row (absent: none do), so a
-# runtime can tell an int8-activation decoder whose verifying calls equal one-position steps
-ROW_BY_ROW_WINDOW = "mobius_lite.row_by_row_window"
 
 # (op, *row-sliced inputs) -> the rows' outputs [rows, width]
 RowsFn = Callable[..., ir.Value]

@@ -9,7 +9,6 @@ import onnx_ir as ir
 from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
-from mobius_lite.components.row_by_row import ROW_BY_ROW_WINDOW
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors
@@ -21,6 +20,7 @@ from mobius_lite.io_contract import (
     LAYER_HIDDEN_PREFIX,
     LOGITS,
     LOGITS_TO_KEEP,
+    ROW_BY_ROW_WINDOW,
 )
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
 

@@ -19,6 +19,7 @@ from mobius_lite.io_contract import (
     INPUTS_EMBEDS,
     LOGITS,
     LOGITS_TO_KEEP,
+    ROW_BY_ROW_WINDOW,
     window_of,
 )
 from mobius_lite.run.cached_session import CachedSession
@@ -51,6 +52,10 @@ class DecoderSession(CachedSession):
             for c in self.cache
             if window_of(c.past_name) in outputs
         }
+        # Calls of up to this many positions compute each position as a one-position call
+        # does (an int8-activation decoder's experts row by row; 0: not promised)
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        self.row_window = int(metadata.get(ROW_BY_ROW_WINDOW, 0))
 
     def check_ids(self, ids: np.ndarray) -> None:
         """ConfigError when a token id lies outside the decoder's vocabulary."""

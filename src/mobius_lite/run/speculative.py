@@ -144,9 +144,17 @@ def speculative_greedy(
 
 
 def check_speculation(decoder: DecoderSession, k: int) -> None:
-    """ConfigError for K < 1; PackageError for a decoder without the head's input."""
+    """ConfigError for K < 1, or for K + 1 beyond the positions an int8-activation decoder
+    computes as one-position calls do (its verifying calls would choose other tokens);
+    PackageError for a decoder without the head's input."""
     if k < 1:
         raise ConfigError(f"k (--speculative) must be >= 1 draft tokens, found {k}")
+    if decoder.row_window and k + 1 > decoder.row_window:
+        raise ConfigError(
+            f"k (--speculative) is {k}, but this int8-activation decoder computes a verifying "
+            f"call exactly as one-token steps only up to {decoder.row_window} positions: use "
+            f"k <= {decoder.row_window - 1}"
+        )
     if HIDDEN_STATES not in decoder.output_names:
         raise PackageError(
             f"the decoder has no {HIDDEN_STATES} output, which the head drafts from; rebuild "
