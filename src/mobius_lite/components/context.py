@@ -40,7 +40,7 @@ class BuildContext:
 
     @property
     def row_window(self) -> int:
-        """Calls of up to this many rows run the experts one row at a time
+        """Calls of up to this many positions (any batch) run the experts one row at a time
         (components/row_by_row.py), 0: never. Under int8 activations a verifying call must
         compute each position exactly as a one-position step does, or near-tied tokens differ
         from plain decoding's; elsewhere the expert sums' rounding stays within the FP32
