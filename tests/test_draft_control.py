@@ -121,6 +121,18 @@ def test_an_untimed_head_is_probed_again_at_once_only_when_right(right: bool) ->
         assert control.next_round().k > 0
 
 
+def test_a_head_right_but_too_costly_is_probed_less_often() -> None:
+    """A head always right whose call costs two decoder steps never pays (K = 1: 2 tokens for
+    1.3 + 2 steps): its right probes leave drafting unpaid, so their waits double as a wrong
+    head's do, instead of a probe every 8 steps for nothing."""
+    control = DraftController(4, probe=8, max_probe=64)
+    d = {n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}
+    chosen = run_rounds(control, lambda i: True, 200, d, 2.0)
+    assert set(chosen) == {0, -1}
+    probes = [i for i, k in enumerate(chosen) if k == -1]
+    assert probes[:4] == [1, 1 + 16 + 1, 1 + 16 + 1 + 32 + 1, 1 + 16 + 1 + 32 + 1 + 64 + 1]
+
+
 def test_a_costly_head_drafts_fewer() -> None:
     """At 60% acceptance a head that costs half a decoder step is best at K = 1 by the
     formula (K = 0..4: 1, 1.07, 0.98, ...), and a free one at K = 4."""

@@ -24,12 +24,13 @@ assumed free.
 Learning about the head costs no decoder call: a plain step can be a probe, which drafts one
 token and checks it against the step's own greedy choice. The first probe comes with the
 second plain step (its head call catches the head up on the prompt, which is no draft's
-cost, so it is not timed); later ones come after `probe` plain steps, each wrong probe
-doubling the wait (up to `max_probe`), a right one resetting it. A right probe before any
-head call over one position was timed is followed at once by another, whose one-position
-call is timed: only then can a rate be estimated. A bad head therefore costs its probes'
-head calls only (never a timing call), and a good one is drafted from as soon as its
-estimated rate beats plain steps.
+cost, so it is not timed); later ones come after `probe` plain steps, each probe that
+leaves drafting unpaid (a wrong one, or a right one from a head too costly at its
+acceptance) doubling the wait (up to `max_probe`). A right probe before any head call over
+one position was timed is followed at once by another, whose one-position call is timed:
+only then can a rate be estimated. A bad or costly head therefore costs its probes' head
+calls only (never a timing call, fewer and fewer probes), and a good one is drafted from as
+soon as its estimated rate beats plain steps.
 The choice changes only how many tokens a round verifies, never which tokens are emitted.
 """
 
@@ -91,12 +92,17 @@ class DraftController:
         self.plain_steps = 0
 
     def observe_probe(self, right: bool) -> None:
-        """A probe's draft was (or was not) the plain step's greedy choice."""
+        """A probe's draft was (or was not) the plain step's greedy choice. The wait before
+        the next probe: none when a right head still needs timing; `probe` when drafting now
+        pays; doubled otherwise, right or wrong (a head too costly to pay at its acceptance
+        is not probed every `probe` steps for nothing)."""
         self._learn(int(right), not right)
-        if not right:
-            self.wait = min(2 * self.wait, self.max_probe)
-        else:  # unmeasured, a right head is timed by the next step's probe
-            self.wait = self.probe if self.head_seconds is not None else 0
+        if right and self.head_seconds is None:
+            self.wait = 0
+        elif self.head_seconds is not None and self._best_k() > 0:
+            self.wait = self.probe
+        else:
+            self.wait = min(max(2 * self.wait, self.probe), self.max_probe)
         self.plain_steps = 0
         self.probed = True
 
@@ -142,10 +148,14 @@ class DraftController:
         elif self.head_seconds is None:  # no rate yet: probes only (module docstring)
             plan = RoundPlan(0, probe=not self.probed or self.plain_steps >= self.wait)
         else:
-            k = max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))
+            k = self._best_k()
             plan = RoundPlan(k, probe=k == 0 and self.plain_steps >= self.wait)
         self.chosen[plan.k] = self.chosen.get(plan.k, 0) + 1
         return plan
+
+    def _best_k(self) -> int:
+        """The K in 0..k_max with the best estimated rate (the smaller on a tie)."""
+        return max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))
 
     def _decoder(self, positions: int) -> float:
         """D(positions): measured; else interpolated linearly between the nearest measured
