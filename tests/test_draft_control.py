@@ -82,12 +82,17 @@ def test_a_drafter_always_right_and_cheap_keeps_k_max() -> None:
     assert chosen[-30:] == [4] * 30
 
 
-def test_a_drafter_always_wrong_costs_only_probes_and_probes_less_often() -> None:
-    """A drafter always wrong never gets a verifying call: every round is a plain step, a
-    few of them probes, their waits doubling to the cap."""
+@pytest.mark.parametrize(("right", "slope", "head"), [(False, 0.1, 0.3), (True, 0.3, 2.0)])
+def test_a_drafter_that_does_not_pay_costs_only_probes_ever_fewer(
+    right: bool, slope: float, head: float
+) -> None:
+    """A drafter always wrong, or always right but costing two decoder steps a call (K = 1:
+    2 tokens for 1.3 + 2 steps), never gets a verifying call: every round is a plain step, a
+    few of them probes, their waits doubling to the cap (a right probe that leaves drafting
+    unpaid waits as a wrong one does, instead of a probe every 8 steps for nothing)."""
     control = DraftController(4, probe=8, max_probe=64)
-    d = {n: 1.0 + 0.1 * (n - 1) for n in range(1, 6)}
-    chosen = run_rounds(control, lambda i: False, 400, d, 0.3)
+    d = {n: 1.0 + slope * (n - 1) for n in range(1, 6)}
+    chosen = run_rounds(control, lambda i: right, 400, d, head)
     assert set(chosen) == {0, -1}
     probes = [i for i, k in enumerate(chosen) if k == -1]
     assert probes[:4] == [1, 1 + 16 + 1, 1 + 16 + 1 + 32 + 1, 1 + 16 + 1 + 32 + 1 + 64 + 1]
@@ -119,18 +124,6 @@ def test_an_untimed_head_is_probed_again_at_once_only_when_right(right: bool) ->
         control.observe_head(0.1)  # the one-position call was timed
         control.observe_probe(True)
         assert control.next_round().k > 0
-
-
-def test_a_head_right_but_too_costly_is_probed_less_often() -> None:
-    """A head always right whose call costs two decoder steps never pays (K = 1: 2 tokens for
-    1.3 + 2 steps): its right probes leave drafting unpaid, so their waits double as a wrong
-    head's do, instead of a probe every 8 steps for nothing."""
-    control = DraftController(4, probe=8, max_probe=64)
-    d = {n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}
-    chosen = run_rounds(control, lambda i: True, 200, d, 2.0)
-    assert set(chosen) == {0, -1}
-    probes = [i for i, k in enumerate(chosen) if k == -1]
-    assert probes[:4] == [1, 1 + 16 + 1, 1 + 16 + 1 + 32 + 1, 1 + 16 + 1 + 32 + 1 + 64 + 1]
 
 
 def test_a_costly_head_drafts_fewer() -> None:

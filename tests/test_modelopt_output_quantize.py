@@ -32,6 +32,7 @@ from parity import drive_parity
 from reference_fixtures import modelopt_fixtures as mf
 from reference_fixtures.gguf_fixtures import write_gguf
 from reference_fixtures.nemotron_reference import make_reference
+from test_quantize_export import _initializers, _manifest
 
 # end-to-end: builds packages and runs them against their reference
 pytestmark = pytest.mark.slow
@@ -79,21 +80,6 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             extra = [] if flag is None else ["--quantize-output", flag]
             assert main([*args, *extra, *ROUTES[route]]) == 0
             out["packages"][variant, flag, route] = package
-    return out
-
-
-def _manifest(package: Path) -> dict[str, Any]:
-    return json.loads((package / "manifest.json").read_text())
-
-
-def _initializers(package: Path) -> dict[str, tuple[str, bytes]]:
-    """Every graph's external initializer: (dtype, bytes) by name."""
-    out = {}
-    for graph in _manifest(package)["graphs"].values():
-        for name, entry in graph["initializers"].items():
-            with open(package / entry["file"], "rb") as handle:
-                handle.seek(entry["offset"])
-                out[name] = (entry["dtype"], handle.read(entry["length"]))
     return out
 
 
