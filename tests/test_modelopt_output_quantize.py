@@ -32,6 +32,7 @@ from parity import drive_parity
 from reference_fixtures import modelopt_fixtures as mf
 from reference_fixtures.gguf_fixtures import write_gguf
 from reference_fixtures.nemotron_reference import make_reference
+from test_modelopt_export import cli
 from test_quantize_export import _initializers, _manifest
 
 # end-to-end: builds packages and runs them against their reference
@@ -52,16 +53,6 @@ BUILDS = [
     ("mixed", "q8_0", "standard"),
     ("mixed", "q8_0", "int8"),
 ]
-
-
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
-    """(exit status, stderr lines) of the CLI."""
-    capsys.readouterr()
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip().splitlines()
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +254,10 @@ def test_a_dense_checkpoint_quantizes_lm_head_alone(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- refusals
 def _refused(args: list[str], said: str, out: Path, capsys) -> None:
+    capsys.readouterr()
     code, err = cli([*args, "--output", str(out)], capsys)
-    assert code == 2 and len(err) == 1 and said in err[0], err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and said in lines[0], lines
     assert not out.exists()
 
 
