@@ -37,6 +37,7 @@ from reference_fixtures.mtp_fixtures import (
 )
 from reference_fixtures.nemotron_reference import make_reference
 from reference_fixtures.speculative_fixtures import ScriptedHead
+from test_modelopt_dequantize import _ops
 
 NEW_TOKENS = 40
 PROMPT = 12
@@ -72,21 +73,11 @@ def package(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return Built(request.param, built.save(root / "package", quiet=True))
 
 
-def ops(graph: onnx.GraphProto) -> list[str]:
-    found = []
-    for node in graph.node:
-        found.append(node.op_type)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                found += ops(attr.g)
-    return found
-
-
 def test_experts_run_row_by_row(package: Built) -> None:
     """The experts (on QMoE int8, or on the run-time-picked paths) inside a Loop; the
     decoder records the window (generate --speculative warns without it)."""
     model = onnx.load(str(package.path / "model.onnx"), load_external_data=False)
-    assert ("QMoE" in ops(model.graph)) is (package.experts == "qmoe")
+    assert ("QMoE" in _ops(model.graph)) is (package.experts == "qmoe")
     assert "QMoE" not in [n.op_type for n in model.graph.node]
     assert "Loop" in [n.op_type for n in model.graph.node]
     metadata = {prop.key: prop.value for prop in model.metadata_props}
