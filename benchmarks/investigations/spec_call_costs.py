@@ -1,0 +1,130 @@
+r"""The calls speculative decoding is made of, timed per package: the decoder's prefill, its
+one-position step and a verifying call over 4 positions, and the head's catch-up over the
+prompt and its one-position draft call (both `logits_to_keep` 1, as run/speculative.py asks).
+Used to price a graph change by building the same source at two commits
+(docs/speculative.md: the int8 experts row by row; the head's MoE on kept positions only).
+
+Each package runs in a fresh process per round, the packages alternating from round to round;
+each process reports medians of its repeats and its peak RSS, each round the 1-minute load.
+
+Usage (packages with a head, e.g. bench_speculative.py's, built at two commits):
+    python benchmarks/investigations/spec_call_costs.py --packages OLD,NEW --rounds 3 \
+        --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PROMPT = 32
+VERIFY = 4
+
+
+def median_ms(call: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1e3, 3)
+
+
+def measure(package: Path, threads: int, repeats: int) -> dict[str, Any]:
+    """One process's figures for `package` (module doc)."""
+    from mobius_lite.bench.package_peer import session_options
+    from mobius_lite.io_contract import HIDDEN_STATES, LOGITS
+    from mobius_lite.run.decoder_session import DecoderSession
+    from mobius_lite.run.mtp_head import open_head
+
+    decoder = DecoderSession(package / "model.onnx", session_options=session_options(threads))
+    ids = np.random.default_rng(10).integers(3, decoder.vocab_size, size=(1, PROMPT))
+    ids = ids.astype(np.int64)
+
+    def prefill() -> dict[str, np.ndarray]:
+        decoder.reset(1)
+        return decoder.step(ids, logits_to_keep=1)
+
+    out = prefill()
+    token = out[LOGITS][:, -1].argmax(-1)[:, None]
+    state = dict(decoder.past), decoder.mask
+
+    def from_prompt(fed: np.ndarray) -> None:
+        decoder.past, decoder.mask = dict(state[0]), state[1]
+        decoder.step(fed, logits_to_keep=fed.shape[1])
+
+    head = open_head(package, session_options=session_options(threads))
+    head_input = np.concatenate([ids[:, 1:], token], axis=1)
+
+    def catch_up() -> tuple[np.ndarray, np.ndarray]:
+        head.reset(1)
+        return head.step(head_input, out[HIDDEN_STATES], np.ones_like(ids), logits_to_keep=1)
+
+    logits, hidden = catch_up()
+    draft = logits[:, -1:].argmax(-1)
+    after_catch_up = head.past, head.mask
+
+    def draft_call() -> None:
+        head.past, head.mask = after_catch_up
+        head.step(draft, hidden[:, -1:], np.ones((1, 1), np.int64), logits_to_keep=1)
+
+    return {
+        "prefill_ms": median_ms(prefill, repeats),
+        "step_ms": median_ms(lambda: from_prompt(token), repeats * 4),
+        "verify_4_ms": median_ms(lambda: from_prompt(np.repeat(token, VERIFY, 1)), repeats * 4),
+        "head_catch_up_ms": median_ms(catch_up, repeats * 4),
+        "head_draft_ms": median_ms(draft_call, repeats * 4),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packages", help="comma-separated package directories")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child, args.threads, args.repeats)))
+        return
+    if not args.packages:
+        parser.error("--packages is required")
+    packages = args.packages.split(",")
+    rounds = []
+    for r in range(args.rounds):
+        order = packages[r % len(packages) :] + packages[: r % len(packages)]
+        row: dict[str, Any] = {"load_average": os.getloadavg()}
+        for package in order:
+            child = [sys.executable, __file__, "--child", package, "--threads", str(args.threads)]
+            done = subprocess.run(
+                [*child, "--repeats", str(args.repeats)], capture_output=True, text=True
+            )
+            if done.returncode:
+                sys.exit(f"{package}: {done.stderr.strip().splitlines()[-1]}")
+            row[package] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(json.dumps(row), flush=True)
+        rounds.append(row)
+    result = {
+        "command": " ".join(["python benchmarks/investigations/spec_call_costs.py", *sys.argv[1:]]),
+        "rounds": rounds,
+        "load_average_after": os.getloadavg(),
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
