@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from onnxruntime.capi import _pybind_state as ort_c
 from safetensors.numpy import save_file
 
 from mobius_lite.cli.main import main
@@ -52,7 +53,11 @@ BUILDS = [
     ("fp8", "int8", "standard"),
     ("mixed", "q8_0", "standard"),
     ("mixed", "q8_0", "int8"),
+    ("nvfp4", "q4_0", "standard"),
+    ("nvfp4", "q4_0", "int8"),
+    ("fp8", "int4", "standard"),
 ]
+GGML_TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +98,28 @@ def int8_blocks(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]
     return np.clip(roundf, 0, 255).astype(np.uint8), scale
 
 
+def int4_blocks(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """onnxruntime's own symmetric 4-bit quantizer (the one onnxruntime-genai's builder calls):
+    B uint8 [N, K / block, block / 2], two codes a byte, low nibble first; scales [N, K / block]."""
+    n, k = w.shape
+    packed = np.zeros((n, k // block, block // 2), np.uint8)
+    zero = np.zeros((n, (k // block * 4 + 7) // 8), np.uint8)
+    scales = np.zeros((n, k // block), np.float32)
+    weights = np.ascontiguousarray(w.T, np.float32)
+    ort_c.quantize_matmul_4bits(packed, weights, scales, zero, block, n, k, True)
+    return packed, scales
+
+
 def dequantized_lm_head(w: np.ndarray, qtype: str) -> np.ndarray:
-    """The values lm_head's blocks stand for: gguf-py's Q8_0 round trip, or the int8 blocks'
-    (code - 128) * scale."""
-    if qtype == "q8_0":
-        return gguf.quants.dequantize(gguf.quants.quantize(w, Q8_0), Q8_0).reshape(w.shape)
+    """The values lm_head's blocks stand for: gguf-py's Q8_0 / Q4_0 round trip, or the int8
+    / int4 blocks' (code - zero point) * scale."""
+    if qtype in GGML_TYPES:
+        kind = GGML_TYPES[qtype]
+        return gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind).reshape(w.shape)
+    if qtype == "int4":
+        packed, scales = int4_blocks(w)
+        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(*scales.shape, -1)
+        return ((codes.astype(np.float32) - 8) * scales[..., None]).reshape(w.shape)
     codes, scales = int8_blocks(w)
     return ((codes.astype(np.float32) - 128) * scales[..., None]).reshape(w.shape)
 
@@ -137,6 +159,24 @@ def test_lm_head_int8_is_the_matmulnbits_definition(
     assert written[LM_HEAD + "_q_scales"] == ("FLOAT", scales.tobytes())
 
 
+def test_lm_head_is_llama_cpps_q4_0(work: dict[str, Any]) -> None:
+    package = work["packages"]["nvfp4", "q4_0", "standard"]
+    expected = gguf.quants.quantize(_lm_head(work, "nvfp4"), GGML_TYPES["q4_0"]).tobytes()
+    assert _initializers(package)[LM_HEAD] == ("UINT8", expected)
+    recipe = {"type": "q4_0", "block": 32, "symmetric": True}
+    assert _manifest(package)["quantization"]["output"] == recipe
+
+
+def test_lm_head_int4_is_onnxruntimes_quantizer(work: dict[str, Any]) -> None:
+    package = work["packages"]["fp8", "int4", "standard"]
+    packed, scales = int4_blocks(_lm_head(work, "fp8"))
+    written = _initializers(package)
+    assert written[LM_HEAD + "_q_b"] == ("UINT8", packed.tobytes())
+    assert written[LM_HEAD + "_q_scales"] == ("FLOAT", scales.tobytes())
+    recipe = {"type": "int4", "block": 32, "symmetric": True}
+    assert _manifest(package)["quantization"]["output"] == recipe
+
+
 @pytest.mark.parametrize("variant, qtype, route", BUILDS)
 def test_every_other_tensor_is_the_package_without_the_flag(
     work: dict[str, Any], variant: str, qtype: str, route: str
@@ -156,16 +196,23 @@ def test_every_other_tensor_is_the_package_without_the_flag(
 
 
 # ----------------------------------------------------------------------------- verify
-@pytest.mark.parametrize("qtype, route", [("q8_0", "standard"), ("q8_0", "int8")])
+@pytest.mark.parametrize(
+    "variant, qtype, route, target",
+    [
+        ("nvfp4", "q8_0", "standard", LM_HEAD),
+        ("nvfp4", "q8_0", "int8", LM_HEAD + "_nbx_b"),
+        ("nvfp4", "q4_0", "standard", LM_HEAD),
+        ("fp8", "int4", "standard", LM_HEAD + "_q_b"),
+    ],
+)
 def test_verify_rederives_lm_head_and_catches_a_flipped_byte(
-    work: dict[str, Any], qtype: str, route: str, tmp_path: Path, capsys
+    work: dict[str, Any], variant: str, qtype: str, route: str, target: str, tmp_path: Path, capsys
 ) -> None:
-    package, source = work["packages"]["nvfp4", qtype, route], work["root"] / "nvfp4"
+    package, source = work["packages"][variant, qtype, route], work["root"] / variant
     code, err = cli(["verify", str(package), "--source", str(source), "-q"], capsys)
     assert code == 0, err
     copy = tmp_path / "flipped"
     shutil.copytree(package, copy)
-    target = LM_HEAD + ("_nbx_b" if route == "int8" else "")
     spot = _manifest(copy)["graphs"]["decoder"]["initializers"][target]
     data = bytearray((copy / spot["file"]).read_bytes())
     data[spot["offset"] + 5] ^= 0x01
@@ -205,7 +252,15 @@ def _reference(work: dict[str, Any], variant: str, qtype: str, out: Path) -> Any
 
 
 @pytest.mark.parametrize(
-    "variant, qtype", [("nvfp4", "q8_0"), ("fp8", "int8"), ("mixed", "q8_0"), ("nvfp4", "int8")]
+    "variant, qtype",
+    [
+        ("nvfp4", "q8_0"),
+        ("fp8", "int8"),
+        ("mixed", "q8_0"),
+        ("nvfp4", "int8"),
+        ("nvfp4", "q4_0"),
+        ("fp8", "int4"),
+    ],
 )
 def test_matches_transformers_on_the_dequantized_lm_head(
     work: dict[str, Any], variant: str, qtype: str, tmp_path: Path
