@@ -48,10 +48,16 @@ STEPS = 5
 
 
 def make_omni(
-    audio: bool, final_layernorm: bool, rate: float, seed: int, audio_config: dict | None = None
+    audio: bool,
+    final_layernorm: bool,
+    rate: float,
+    seed: int,
+    audio_config: dict | None = None,
+    text_overrides: dict | None = None,
 ) -> Any:
-    """A tiny FP32 eager Omni model with every tensor non-trivial (LayerScale too)."""
-    text = {**TEXT, "num_nextn_predict_layers": 1 if final_layernorm else 0}
+    """A tiny FP32 eager Omni model with every tensor non-trivial (LayerScale too);
+    `text_overrides` change its text config (TEXT)."""
+    text = {**TEXT, **(text_overrides or {}), "num_nextn_predict_layers": int(final_layernorm)}
     config = NemotronH_Omni_Reasoning_V3_Config(
         vision_config=dict(TINY_VISION),
         text_config=text,

@@ -30,6 +30,7 @@ from mobius_lite.models.nemotron_h_names import (
     modelopt_source_layout,
     safetensors_source_layout,
 )
+from mobius_lite.models.omni_names import DECODER_SCOPES
 from mobius_lite.sources.base import TensorSource
 from mobius_lite.sources.config_json import read_config_json
 from mobius_lite.sources.gguf_file import GGUF, GGUFCheckpoint, is_gguf
@@ -128,8 +129,14 @@ def _gguf_config(path: Path, known: Mapping[str, Any] | None) -> dict[str, Any]:
     return config_from_checkpoint(GGUFCheckpoint(path), known)
 
 
+def _open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
+    # an Omni checkpoint's decoder modules, named in its quantization config with or without
+    # their language_model. prefix
+    return open_modelopt(opened, DECODER_SCOPES)
+
+
 def _local_modelopt(path: Path) -> TensorSource:
-    return open_modelopt(local_checkpoint(path)).tensors()
+    return _open_modelopt(local_checkpoint(path)).tensors()
 
 
 GGUF_KIND = SourceKind(
@@ -149,7 +156,7 @@ MODELOPT_KIND = SourceKind(
     layout=modelopt_source_layout,
     local_tensors=_local_modelopt,
     claims_config=is_modelopt,
-    refine=open_modelopt,
+    refine=_open_modelopt,
     keeps_quantization=True,
     reference=f"{DENSE_REFERENCE}:modelopt_decoded",
     reference_description="the ModelOpt weights decoded to FP32 (NVFP4 / FP8 reference decodes)",

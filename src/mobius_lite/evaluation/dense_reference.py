@@ -177,7 +177,8 @@ def _modelopt_dense(
     directory: Path, recipes: Mapping[str, Recipe] | None = None
 ) -> dict[str, np.ndarray]:
     """Every weight of a ModelOpt checkpoint decoded to FP32 (NVFP4: codes x E4M3 block scale
-    x global scale; FP8: E4M3 x scale); scales are consumed or, for activations / KV, dropped.
+    x global scale; FP8: E4M3 x scale); scales are consumed or, for activations / KV, dropped;
+    integer tensors (an Omni tower's indices and counters) are kept as stored.
     A dense tensor with a recipe takes the values its quantization stands for
     (quantized_reference.dequantized: gguf-py's or onnxruntime's quantizer, not the export's);
     a recipe on a packed or absent tensor is a package this checkpoint cannot have made."""
@@ -219,7 +220,11 @@ def _modelopt_dense(
                 source.read(name), scale.reshape(()) if scale.size == 1 else scale, name
             )
         else:
-            dense = np.asarray(source.read(name), dtype=np.float32)
+            dense = np.asarray(source.read(name))
+            if dense.dtype.kind in "iub":  # indices and counters (Omni's towers) as stored
+                out[name] = dense
+                continue
+            dense = dense.astype(np.float32)
             if name in recipes:
                 dense = dequantized(dense, recipes[name])
         out[name] = np.ascontiguousarray(np.asarray(dense, dtype=np.float32))

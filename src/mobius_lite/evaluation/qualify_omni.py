@@ -258,12 +258,13 @@ def qualify_omni_verdicts(
     recipes = quantized_at_export(read_manifest(package_dir))
     try:
         with tempfile.TemporaryDirectory(prefix="mobius-dequantized-") as tmp:
-            reference_dir = source_dir
-            if recipes:  # the language model quantized at export: its dequantized weights
-                kind = source_kind(source_dir)
-                raw = kind.local_config(source_dir, None)
-                request = ReferenceRequest(source_dir, raw, Path(tmp), recipes=recipes)
-                reference_dir = kind.reference_checkpoint()(request)
+            # the source kind's reference checkpoint: the source itself when transformers
+            # reads it, else its weights decoded (a ModelOpt language model); tensors the
+            # package quantized at export are dequantized
+            kind = source_kind(source_dir)
+            raw = kind.local_config(source_dir, None)
+            request = ReferenceRequest(source_dir, raw, Path(tmp), recipes=recipes)
+            reference_dir = kind.reference_checkpoint()(request)
             ours, ref, names, facts = omni_runs(package_dir, reference_dir, steps, providers, say)
     except Exception as exc:  # a run that breaks is evidence, reported, never a traceback
         reference = _raised_by_reference(exc)

@@ -9,11 +9,16 @@ it is transformers' own conversion mapping for nemotron_h_omni and radio, read i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import replace
 
-from mobius_lite.models.nemotron_h_names import SafetensorsNames
-from mobius_lite.sources.names import Candidate, SourceRef, as_ref
+from mobius_lite.models.nemotron_h_names import SafetensorsNames, SourceLayout
+from mobius_lite.sources.names import Candidate, NameMap, SourceRef, as_ref
 
 LANGUAGE_MODEL = "language_model."
+# Where an Omni checkpoint holds its Nemotron-H decoder: a quantization config may name the
+# decoder's modules with or without it (formats/modelopt/quant_config.py module_aliases).
+DECODER_SCOPES = (LANGUAGE_MODEL,)
 RADIO = "vision_model.radio_model.model."
 # (graph pattern, released replacement)
 RELEASED_NAMES: tuple[tuple[str, str], ...] = (
@@ -79,10 +84,12 @@ class OmniTowerNames:
 
 
 class LanguageModelNames:
-    """The decoder's parameters under the Omni checkpoint's `language_model.` prefix."""
+    """The decoder's parameters under the Omni checkpoint's `language_model.` prefix: the
+    names `inner` (the source kind's name map of a Nemotron-H checkpoint; safetensors' by
+    default) gives them, prefixed."""
 
-    def __init__(self) -> None:
-        self.inner = SafetensorsNames()
+    def __init__(self, inner: NameMap | None = None) -> None:
+        self.inner = inner if inner is not None else SafetensorsNames()
 
     def alternatives(self, target: str, shape: tuple[int, ...]) -> list[Candidate]:
         out: list[Candidate] = []
@@ -97,3 +104,25 @@ class LanguageModelNames:
                 )
             )
         return out
+
+
+def language_model_rules(rules: Mapping[str, str]) -> dict[str, str]:
+    """A Nemotron-H checkpoint's unused-tensor rules (name regex -> reason) for an Omni
+    checkpoint's language model: a pattern anchored at the name's start is anchored under
+    `language_model.`; one that matches anywhere (a suffix) stays as it is."""
+    return {
+        ("^" + re.escape(LANGUAGE_MODEL) + p[1:] if p.startswith("^") else p): reason
+        for p, reason in rules.items()
+    }
+
+
+def language_model_layout(layout: SourceLayout) -> SourceLayout:
+    """The source kind's layout of a Nemotron-H checkpoint (its name maps, packed or under
+    `--dequantize`, and its unused tensors) applied to an Omni checkpoint's language model."""
+    dequantized = layout.dequantized_names
+    return replace(
+        layout,
+        names=LanguageModelNames(layout.names),
+        unused=language_model_rules(layout.unused),
+        dequantized_names=None if dequantized is None else LanguageModelNames(dequantized),
+    )

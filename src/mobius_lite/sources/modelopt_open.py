@@ -60,12 +60,13 @@ def is_modelopt(raw_config: dict[str, Any], directory: Path) -> bool:
     return method == MODELOPT or (directory / HF_QUANT_CONFIG).is_file()
 
 
-def open_modelopt(opened: OpenedCheckpoint) -> OpenedCheckpoint:
+def open_modelopt(opened: OpenedCheckpoint, scopes: tuple[str, ...] = ()) -> OpenedCheckpoint:
     """The checkpoint as kind "modelopt": quantization validated now (config files only), the
     tensor index checked against it when opened (headers only); whether `--dequantize` can
     export it (FP8 and dense layers only) and whether `--quantize-output` alone can (a dense
-    lm_head) are known now too."""
-    quantization = parse_quantization(opened.raw_config, _read_hf_quant_config(opened))
+    lm_head) are known now too. `scopes`: the prefixes a model holds its decoder under (an
+    Omni checkpoint's `language_model.`), which the config's module names may leave off."""
+    quantization = parse_quantization(opened.raw_config, _read_hf_quant_config(opened), scopes)
     if quantization is None:
         raise ConfigError(
             f"{opened.resolved.path}: looks like a ModelOpt checkpoint but neither config.json "
@@ -106,7 +107,9 @@ def linear_modules(
         elif name.endswith(WEIGHT) and source.info(name).dtype in (U8, E4M3):
             modules.add(name[: -len(WEIGHT)])
     for module in quantization.layers:
-        modules.update(a for a in module_aliases(module) if a + WEIGHT in names)
+        modules.update(
+            a for a in module_aliases(module, quantization.scopes) if a + WEIGHT in names
+        )
     return {m: _logical_shape(source, names, m) for m in sorted(modules)}
 
 

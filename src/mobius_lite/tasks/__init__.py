@@ -34,7 +34,7 @@ def _image_text_to_text(
     config: ModelConfig, source: TensorSource, layout: SourceLayout, options: ExportOptions
 ) -> TaskGraphs:
     assert isinstance(config, OmniConfig)
-    return omni_graphs(config, source, options)
+    return omni_graphs(config, source, layout, options)
 
 
 TASKS: dict[Task, TaskExport] = {

@@ -13,7 +13,6 @@ logits are tied to it) are declared shared and written once.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import onnx_ir as ir
 
@@ -32,10 +31,10 @@ from mobius_lite.models.nemotron_h_names import (
     unused_tensor_rules,
 )
 from mobius_lite.models.omni_names import (
-    LANGUAGE_MODEL,
     OMNI_UNUSED,
-    LanguageModelNames,
     OmniTowerNames,
+    language_model_layout,
+    language_model_rules,
 )
 from mobius_lite.package import GraphRecord
 from mobius_lite.routes import check_source_dtypes
@@ -72,26 +71,28 @@ def _bind(
 def omni_graphs(
     config: OmniConfig,
     source: TensorSource,
+    layout: SourceLayout,
     options: ExportOptions | None = None,
 ) -> TaskGraphs:
     """Every graph of the Omni package, bound (lazily) to `source`: a safetensors checkpoint in
-    the released or the transformers layout (tested with dense weights). Omni names its
-    tensors with its own name maps (models/omni_names.py) whatever the source kind."""
+    the released or the transformers layout, dense or ModelOpt (tested). The language model's
+    tensors are named and stored as `layout` (the source kind's layout of a Nemotron-H
+    checkpoint) says, under `language_model.`: packed weights stay packed and compute on the
+    decoder's routes as in a text package. The towers and projectors are named by the Omni
+    name maps (models/omni_names.py) and bound as stored (the releases keep them dense, so
+    they compute in the build's precision); the embedding table is always dense."""
     options = options or ExportOptions()
     text = config.text
-    layout = SourceLayout(LanguageModelNames())
-    names = layout.names
-    head = text.has_mtp_head and layout.mtp_head_present(source)
+    text_layout = language_model_layout(layout)
+    names = text_layout.names_for(options.dequantize)
+    head = text.has_mtp_head and text_layout.mtp_head_present(source)
     # the text model's own rules name its tensors without the language_model. prefix
-    text_rules = {
-        "^" + re.escape(LANGUAGE_MODEL) + pattern.removeprefix("^"): reason
-        for pattern, reason in unused_tensor_rules(text, head_exported=head).items()
-    }
-    rules = {**OMNI_UNUSED, **text_rules, **options.unused_rules}
+    text_rules = language_model_rules(unused_tensor_rules(text, head_exported=head))
+    rules = {**OMNI_UNUSED, **text_rules, **text_layout.unused, **options.unused_rules}
     available = set(source.names())
 
-    text_ctx = options.build_context(source, names)
-    tied = logits_from_embeddings(text, layout.lm_head_present(source))
+    text_ctx = options.build_context(source, names, text_layout.mamba_a)
+    tied = logits_from_embeddings(text, text_layout.lm_head_present(source))
     decoder, _ = build_decoder(
         text,
         text_ctx,

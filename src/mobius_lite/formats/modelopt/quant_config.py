@@ -74,12 +74,15 @@ class ModelOptQuantization:
     exclude: tuple[str, ...] = ()
     layers: Mapping[str, QuantScheme] = field(default_factory=lambda: MappingProxyType({}))
     sources: tuple[str, ...] = ()
+    # prefixes a module's name may carry or not (module_aliases): a decoder inside a
+    # multimodal checkpoint, which a config may name either way
+    scopes: tuple[str, ...] = ()
 
     def excluded(self, module: str) -> bool:
         """Whether `module` matches an exclusion (exact name or wildcard)."""
         return any(
             fnmatchcase(name, pattern)
-            for name in module_aliases(module)
+            for name in module_aliases(module, self.scopes)
             for pattern in self.exclude
         )
 
@@ -88,7 +91,7 @@ class ModelOptQuantization:
         if self.excluded(module):
             return QuantScheme(QuantAlgo.NONE, None, self.kv_cache_algo)
         if self.quant_algo == MIXED_PRECISION:
-            for name in module_aliases(module):
+            for name in module_aliases(module, self.scopes):
                 if name in self.layers:
                     return self.layers[name]
             return QuantScheme(QuantAlgo.NONE, None, self.kv_cache_algo)
@@ -106,13 +109,23 @@ class ModelOptQuantization:
         return frozenset({_ALGOS[self.quant_algo]})
 
 
-def module_aliases(module: str) -> tuple[str, ...]:
-    """`module` and its other trunk name: released checkpoints and transformers name the trunk
-    `backbone.`, some tools `model.`."""
+def module_aliases(module: str, scopes: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """`module` (first) and its other names: the other trunk name (released checkpoints and
+    transformers name the trunk `backbone.`, some tools `model.`), each with and without every
+    prefix in `scopes` (the model a multimodal checkpoint holds its decoder under, which a
+    quantization config may or may not write)."""
+    core = module
+    for scope in scopes:
+        if module.startswith(scope):
+            core = module[len(scope) :]
+            break
+    trunks = [core]
     for a, b in (("backbone.", "model."), ("model.", "backbone.")):
-        if module.startswith(a):
-            return (module, b + module[len(a) :])
-    return (module,)
+        if core.startswith(a):
+            trunks.append(b + core[len(a) :])
+            break
+    names = [module] + [prefix + t for prefix in ("", *scopes) for t in trunks]
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -266,7 +279,7 @@ def _nvfp4_group(size: int | None, where: str) -> int:
     return NVFP4_GROUP_SIZE
 
 
-def _validate(section: _Section) -> ModelOptQuantization:
+def _validate(section: _Section, scopes: tuple[str, ...]) -> ModelOptQuantization:
     kv = section.kv_cache_algo or QuantAlgo.NONE
     algo = section.quant_algo
     exclude = tuple(sorted(section.exclude or ()))
@@ -292,7 +305,7 @@ def _validate(section: _Section) -> ModelOptQuantization:
                 f"support (NVFP4, W4A16_NVFP4, FP8): {', '.join(unknown)}"
             )
         return ModelOptQuantization(
-            MIXED_PRECISION, None, kv, exclude, MappingProxyType(layers), sources
+            MIXED_PRECISION, None, kv, exclude, MappingProxyType(layers), sources, scopes
         )
     if algo not in _ALGOS:
         raise ConfigError(
@@ -302,14 +315,17 @@ def _validate(section: _Section) -> ModelOptQuantization:
     size = section.group_size
     if _ALGOS[algo] is QuantAlgo.NVFP4:
         size = _nvfp4_group(size, section.source)
-    return ModelOptQuantization(algo, size, kv, exclude, MappingProxyType({}), sources)
+    return ModelOptQuantization(algo, size, kv, exclude, MappingProxyType({}), sources, scopes)
 
 
 def parse_quantization(
-    config: Mapping[str, Any] | None, hf_quant_config: Mapping[str, Any] | None
+    config: Mapping[str, Any] | None,
+    hf_quant_config: Mapping[str, Any] | None,
+    scopes: tuple[str, ...] = (),
 ) -> ModelOptQuantization | None:
     """The storage map from config.json's dict and/or hf_quant_config.json's; None if neither
-    describes a quantization. Both present: they must agree (ConfigError naming the fields)."""
+    describes a quantization. Both present: they must agree (ConfigError naming the fields).
+    `scopes`: prefixes the config's module names may leave off (module_aliases)."""
     qc = (config or {}).get("quantization_config")
     first = _config_json_section(qc) if qc else None
     second = None
@@ -322,7 +338,7 @@ def parse_quantization(
         return None
     merged = _merge(first, second) if first is not None else second
     assert merged is not None
-    return _validate(merged)
+    return _validate(merged, scopes)
 
 
 def load_quantization(directory: str | Path) -> ModelOptQuantization | None:

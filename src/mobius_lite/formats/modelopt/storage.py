@@ -85,7 +85,8 @@ OUTPUT_MODULE = "lm_head"  # the output projection, as ModelOpt's configs name i
 def output_quantize_refusal(quantization: ModelOptQuantization) -> str | None:
     """Why `--quantize-output` alone cannot quantize this checkpoint's lm_head (its config
     stores it as NVFP4 / FP8, so there is no dense lm_head to quantize), or None: the
-    releases exclude lm_head, which stays in the checkpoint dtype. From the config alone,
+    releases exclude lm_head, which stays in the checkpoint dtype (by any of its names: a
+    multimodal checkpoint's sits under the quantization's scope). From the config alone,
     before any weight is fetched (sources/quantized.py refuses a packed tensor again)."""
     algo = quantization.resolve(OUTPUT_MODULE)
     if algo is QuantAlgo.NONE:
