@@ -3,8 +3,9 @@ which the releases keep dense, is quantized at export; every packed weight stays
 
 The tiny NVFP4 / FP8 / MIXED_PRECISION checkpoints of reference_fixtures/modelopt_fixtures.py
 (lm_head dense FP32 there, BF16 in the releases). Oracles, none of them the export's code:
-gguf-py's `gguf.quants.quantize` (q8_0 bytes, bit-exact with ggml's reference quantizer);
+gguf-py's `gguf.quants.quantize` (q8_0 and q4_0 bytes, bit-exact with ggml's reference quantizer);
 MatMulNBits' symmetric int8 blocks written here from their definition (int8 bytes);
+onnxruntime's own 4-bit quantizer, the one onnxruntime-genai's builder calls (int4 bytes);
 the package built without the flag (every other initializer's bytes); transformers on the
 fixtures' independently dequantized weights with lm_head replaced by the values its blocks
 stand for (logits and caches under the FP32 gates); qualify, whose reference dequantizes
@@ -22,7 +23,6 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from onnxruntime.capi import _pybind_state as ort_c
 from safetensors.numpy import save_file
 
 from mobius_lite.cli.main import main
@@ -35,6 +35,7 @@ from reference_fixtures.gguf_fixtures import write_gguf
 from reference_fixtures.nemotron_reference import make_reference
 from test_modelopt_export import cli
 from test_quantize_export import _initializers, _manifest
+from test_quantize_nbits import ort_blocks, ort_dequantized
 
 # end-to-end: builds packages and runs them against their reference
 pytestmark = pytest.mark.slow
@@ -98,18 +99,6 @@ def int8_blocks(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]
     return np.clip(roundf, 0, 255).astype(np.uint8), scale
 
 
-def int4_blocks(w: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
-    """onnxruntime's own symmetric 4-bit quantizer (the one onnxruntime-genai's builder calls):
-    B uint8 [N, K / block, block / 2], two codes a byte, low nibble first; scales [N, K / block]."""
-    n, k = w.shape
-    packed = np.zeros((n, k // block, block // 2), np.uint8)
-    zero = np.zeros((n, (k // block * 4 + 7) // 8), np.uint8)
-    scales = np.zeros((n, k // block), np.float32)
-    weights = np.ascontiguousarray(w.T, np.float32)
-    ort_c.quantize_matmul_4bits(packed, weights, scales, zero, block, n, k, True)
-    return packed, scales
-
-
 def dequantized_lm_head(w: np.ndarray, qtype: str) -> np.ndarray:
     """The values lm_head's blocks stand for: gguf-py's Q8_0 / Q4_0 round trip, or the int8
     / int4 blocks' (code - zero point) * scale."""
@@ -117,9 +106,7 @@ def dequantized_lm_head(w: np.ndarray, qtype: str) -> np.ndarray:
         kind = GGML_TYPES[qtype]
         return gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind).reshape(w.shape)
     if qtype == "int4":
-        packed, scales = int4_blocks(w)
-        codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(*scales.shape, -1)
-        return ((codes.astype(np.float32) - 8) * scales[..., None]).reshape(w.shape)
+        return ort_dequantized(w, 4, 32, symmetric=True)
     codes, scales = int8_blocks(w)
     return ((codes.astype(np.float32) - 128) * scales[..., None]).reshape(w.shape)
 
@@ -169,7 +156,7 @@ def test_lm_head_is_llama_cpps_q4_0(work: dict[str, Any]) -> None:
 
 def test_lm_head_int4_is_onnxruntimes_quantizer(work: dict[str, Any]) -> None:
     package = work["packages"]["fp8", "int4", "standard"]
-    packed, scales = int4_blocks(_lm_head(work, "fp8"))
+    packed, scales, _ = ort_blocks(_lm_head(work, "fp8"), 4, 32, symmetric=True)
     written = _initializers(package)
     assert written[LM_HEAD + "_q_b"] == ("UINT8", packed.tobytes())
     assert written[LM_HEAD + "_q_scales"] == ("FLOAT", scales.tobytes())

@@ -67,8 +67,12 @@ def _package(work: dict[str, Any], variant: str, backend: str, *extra: str) -> P
     return work["packages"][key]
 
 
-def ort_dequantized(w: np.ndarray, bits: int, block: int, symmetric: bool) -> np.ndarray:
-    """onnxruntime's quantizer on w [N, K], decoded by MatMulNBits' definition."""
+def ort_blocks(
+    w: np.ndarray, bits: int, block: int, symmetric: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """onnxruntime's own quantizer (the one onnxruntime-genai's builder calls) on w [N, K]:
+    B uint8 [N, K / block, block * bits / 8] (4 bits: two codes a byte, low nibble first),
+    scales float32 [N, K / block], packed zero points."""
     n, k = w.shape
     k_blocks = k // block
     b = np.zeros((n, k_blocks, block * bits // 8), np.uint8)
@@ -76,6 +80,14 @@ def ort_dequantized(w: np.ndarray, bits: int, block: int, symmetric: bool) -> np
     scales = np.zeros((n, k_blocks), np.float32)
     quantize = ort_c.quantize_matmul_8bits if bits == 8 else ort_c.quantize_matmul_4bits
     quantize(b, np.ascontiguousarray(w.T, np.float32), scales, zero, block, n, k, symmetric)
+    return b, scales, zero
+
+
+def ort_dequantized(w: np.ndarray, bits: int, block: int, symmetric: bool) -> np.ndarray:
+    """onnxruntime's quantizer on w [N, K], decoded by MatMulNBits' definition."""
+    n, k = w.shape
+    k_blocks = k // block
+    b, scales, zero = ort_blocks(w, bits, block, symmetric)
     if bits == 4:
         codes = np.stack([b & 15, b >> 4], axis=-1).reshape(n, k_blocks, block)
         zp = np.stack([zero & 15, zero >> 4], axis=-1).reshape(n, -1)[:, :k_blocks]
