@@ -294,6 +294,19 @@ def test_placeholder_mismatch_is_one_clear_error(exported) -> None:
         session.prepare(ids, Media(pixel_values=pixels, image_grid_hw=grid))
 
 
+def test_a_generated_placeholder_token_keeps_its_table_row(exported) -> None:
+    """A random model may generate a placeholder id: fed back with no media, it is embedded
+    as transformers' generation steps embed it (its row of the table), not refused by the
+    embedding graph's scatter."""
+    model, _, package = exported
+    session = OmniSession(package)
+    table = model.get_input_embeddings().weight.detach().numpy()
+    for token in (IMAGE_TOKEN, VIDEO_TOKEN, AUDIO_TOKEN, 5):
+        embedded = session.embed_token(token)
+        assert embedded.shape == (1, 1, table.shape[1])
+        np.testing.assert_array_equal(embedded[0, 0], table[token])
+
+
 def test_puzzle_text_config_builds_the_puzzle_decoder(tmp_path: Path) -> None:
     """A Puzzle text config inside an Omni config gives a decoder with per-layer topology."""
     from mobius_lite.configs.omni import OmniConfig

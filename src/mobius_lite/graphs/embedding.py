@@ -4,8 +4,10 @@ embedding table.
 A runtime that feeds a decoder built with inputs_embeds=True chains this graph before it. In
 the Omni package each media input (image_features, audio_features: [n, hidden], 0 rows when
 there is none) is scattered into the positions of its placeholder token, in row-major order,
-as transformers' masked_scatter does. The host checks that the placeholder count equals the
-feature rows before it runs the graph. The table is the decoder's source tensor too: a package
+as transformers' masked_scatter does. The host checks that a prompt's placeholder count equals
+the feature rows before it runs the graph; a generated token equal to a placeholder id (fed
+with no features) keeps its own table row, as in transformers' generation steps, which pass
+no media after the prompt. The table is the decoder's source tensor too: a package
 whose decoder also reads it (tied logits) declares it shared and writes it once.
 """
 
@@ -50,6 +52,11 @@ class _EmbeddingModel(nn.Module):
         for features, token in media:
             token_id = op.Constant(value=ir.tensor(token, dtype=ir.DataType.INT64))
             positions = op.Transpose(op.NonZero(op.Equal(flat_ids, token_id)))  # [n, 1]
+            # the first `rows` placeholders only: a generated token that equals a placeholder
+            # id comes with no features and keeps its table row (the prompt's counts are
+            # checked equal by the host)
+            rows = op.Shape(features, start=0, end=1)
+            positions = op.Slice(positions, op.Constant(value_ints=[0]), rows)
             flat = op.ScatterND(flat, positions, op.CastLike(features, flat))
         return op.Reshape(flat, op.Shape(embeds))
 
