@@ -224,6 +224,22 @@ def test_build_cli_fast_head_on_dense_weights(tmp_path: Path, capsys) -> None:
     assert main([*args, "--backend", "ort", "-q"]) == 0 and (out / "mtp.onnx").is_file()
 
 
+def test_fast_head_without_a_head_is_refused(tmp_path: Path, capsys) -> None:
+    """--draft-head fast on a checkpoint whose config declares no head: one line, exit 2,
+    nothing written (before, the flag did nothing)."""
+    checkpoint = tmp_path / "checkpoint"
+    assert main(["demo", "text", str(checkpoint)]) == 0
+    out = tmp_path / "package"
+    capsys.readouterr()
+    args = ["build", "--model", str(checkpoint), "--output", str(out), "--backend", "ort"]
+    code = main([*args, "--draft-head", "fast", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--draft-head fast: the config declares no multi-token-prediction head" in err
+    assert not out.exists()
+    assert main([*args, "-q"]) == 0 and not (out / "mtp.onnx").exists()
+
+
 def head_facts(tokens: list[int], plain: list[int], int8_kernels: int) -> dict:
     return {
         "int8_activation_kernels": int8_kernels,

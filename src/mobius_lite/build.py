@@ -87,6 +87,17 @@ def check_fields_against_tensors(
     check_tensor_fields(stated, model_type.decoder(parsed), source, layout_of(source))
 
 
+def check_draft_head_target(route: DraftHead, decoder: NemotronHConfig) -> None:
+    """A fast draft head asked of a checkpoint whose config declares no head: a RouteError
+    before any weight is read (the flag would otherwise do nothing, silently)."""
+    if route is DraftHead.FAST and not decoder.has_mtp_head:
+        raise RouteError(
+            "--draft-head fast: the config declares no multi-token-prediction head "
+            "(num_nextn_predict_layers is 0, or a Puzzle config without mtp_block_configs), "
+            "so there is no head to route; drop the flag"
+        )
+
+
 def warn_absent_mtp_head(exported: TaskGraphs, source: TensorSource) -> None:
     """A UserWarning (one line on the CLI's stderr) when the config declares a multi-token-
     prediction head that the checkpoint does not hold: transformers' save_pretrained drops
@@ -170,6 +181,7 @@ def build(
     check_opened(opened, model, task, route.plan, route.dequantize)
     # the one parse of the config: its errors come before any weight download
     model_type, parsed = read_config(opened.raw_config)
+    check_draft_head_target(route.draft_head, model_type.decoder(parsed))
     opened = opened.with_weights()  # hub: the same commit's shards, now the config is good
     source: TensorSource = opened.tensors()
     check_fields_against_tensors(opened.raw_config, model_type, parsed, source)
