@@ -5,6 +5,11 @@ MoE modules for the blocks, FP32.
 At position t: e = enorm(embed(token t+1)), h = hnorm(H_t), x = eh_proj([e, h]),
 x += attention(norm0(x)) over the head's own cache (no RoPE), x += moe(norm1(x)),
 out = final_layernorm(x), logits = lm_head(out).
+
+A head of distinct depths (MTPDepthReference, one per depth, any sequence of attention / MoE
+blocks): depth j at position t takes depth j-1's output at t (H_t for depth 0) and token
+t+j+1; teacher_forced_depths runs every depth over a whole sequence of true (and, at its
+end, drafted) tokens, as Megatron / DeepSeek MTP train them.
 """
 
 from __future__ import annotations

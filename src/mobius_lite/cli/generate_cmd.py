@@ -92,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="draft up to K tokens a round with the package's MTP head (mtp.onnx) and verify "
         "them in one decoder call; K adapts to the measured acceptance and costs, down to "
-        "plain decoding. The tokens are the same as without it (default: 0, off)",
+        "plain decoding (a head of D distinct depths: K <= D). The tokens are the same as "
+        "without it (default: 0, off)",
     )
     p.set_defaults(run=run)
 
