@@ -288,12 +288,19 @@ def test_speculation_with_the_chain(layout, batch: int, k: int | None, adaptive:
             np.testing.assert_array_equal(drafts[:, j], expected, err_msg=f"at {last}, depth {j}")
 
 
-def test_more_drafts_than_depths_are_refused(layout, capsys) -> None:
-    """K > D: one ConfigError in the API, exit 2 and one line from the CLI, before decoding."""
+def test_more_drafts_than_depths_are_refused(layout, capsys, monkeypatch) -> None:
+    """K > D: one ConfigError in the API, exit 2 and one line from the CLI, which refuses it
+    from the manifest before any session is created."""
     depths, out = layout["depths"], layout["out"]
     decoder = DecoderSession(out / "model.onnx")
     with pytest.raises(ConfigError, match=f"k .* is {depths + 1}, but this head has {depths}"):
         speculative_greedy(decoder, open_head(out), np.array([[5, 6, 7]]), 4, depths + 1)
+    import mobius_lite.run.cached_session as cached_session
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a session was created before K was checked")
+
+    monkeypatch.setattr(cached_session, "create_session", no_session)
     code = main(
         ["generate", str(out), "--prompt-ids", "5,6,7", "--ids", "--speculative", str(depths + 1)]
     )
@@ -369,3 +376,20 @@ def test_weights_of_another_depth_count_are_one_line(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and found in err and "Traceback" not in err
     assert not (tmp_path / "package").exists()
+
+
+def test_qualify_head_verdict(tmp_path: Path) -> None:
+    """qualify's mtp_head verdict on a two-depth head: depth 0's arrays (mtp.onnx) against its
+    head reference pass the gates, and the speculative run drafts through the chain (K = 2
+    rounds) with plain greedy's tokens."""
+    from mobius_lite.evaluation.qualify import qualify
+    from mobius_lite.evaluation.scoring import PASS
+
+    checkpoint, _, _ = write_distinct_depths_checkpoint(tmp_path / "checkpoint", "*E", 2, seed=6)
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    report = qualify(package, checkpoint, output=tmp_path / "run", steps=3)
+    head = report.verdicts["mtp_head"]
+    assert head.status == PASS, head.summary
+    speculative = head.evidence["speculative"]
+    assert speculative["k"] == 2 and speculative["k_rounds"].get(2, 0) > 0
+    assert speculative["tokens"] == speculative["plain_tokens"]

@@ -147,7 +147,7 @@ def open_head(
     package: PackageFiles | str | Path,
     providers: list[str] | None = None,
     session_options: Any = None,
-) -> DraftHead:
+) -> MtpHead | DepthChain:
     """The package's MTP head, its graph files as the manifest lists them (a directory is read
     with open_package first): an MtpHead over mtp.onnx, or for a head of distinct depths a
     DepthChain over mtp.onnx and each further depth's graph (enums.GraphId). A ConfigError

@@ -165,13 +165,21 @@ def check_speculation(decoder: DecoderSession, k: int) -> None:
 
 
 def check_head_drafts(head: DraftHead, k: int) -> None:
-    """ConfigError for K above what one round of a head of distinct depths drafts (one token
-    per depth: a further draft would need a depth the head was not trained with)."""
-    if isinstance(head, RoundDraftHead) and k > head.max_drafts:
+    """ConfigError for K above what one round of a head of distinct depths drafts."""
+    if isinstance(head, RoundDraftHead):
+        check_depth_drafts(head.max_drafts, k)
+
+
+def check_depth_drafts(depths: int, k: int) -> None:
+    """ConfigError for K above `depths`, the depth graphs of a head of distinct depths (one
+    draft per depth: a further draft would need a depth the head was not trained with); a
+    one-depth head (`depths` <= 1) repeats its depth for any K. `mobius generate` asks this
+    from the manifest (mtp_head.head_files) before any session is created."""
+    if depths > 1 and k > depths:
         raise ConfigError(
-            f"k (--speculative) is {k}, but this head has {head.max_drafts} distinct depths "
-            f"(mtp_use_repeated_layer false), which draft at most {head.max_drafts} tokens a "
-            f"round: use k <= {head.max_drafts}"
+            f"k (--speculative) is {k}, but this head has {depths} distinct depths "
+            f"(mtp_use_repeated_layer false), which draft at most {depths} tokens a round: "
+            f"use k <= {depths}"
         )
 
 
