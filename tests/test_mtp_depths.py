@@ -234,6 +234,30 @@ def test_chain_rounds_match_the_teacher_forced_reference(layout, batch: int) -> 
     assert timed[0] == 8 and 1 in timed[depths:]
 
 
+def test_chain_as_a_plain_draft_head(layout) -> None:
+    """The chain's DraftHead methods: `step` runs depth 0 alone on true positions (later depths
+    catch up on them in the next round); `truncate` drops positions no later depth has run, and
+    refuses to cut into what one has run (it keeps only the inputs it has not used)."""
+    config, out, depths = layout["package"].config, layout["out"], layout["depths"]
+    ids, mask = _sequence(1, 13, config.vocab_size, seed=30)
+    hidden = DecoderSession(out / "model.onnx").step(ids[:, :12], mask[:, :12])["hidden_states"]
+    chain = open_head(out)
+    chain.reset(1)
+    logits, _ = chain.step(ids[:, 1:7], hidden[:, :6], mask[:, :6])
+    assert logits.shape == (1, 6, config.vocab_size)
+    assert [d.length for d in chain.depths] == [6] + [0] * (depths - 1)
+    chain.truncate(4)  # positions 4 and 5 are run again below
+    assert chain.length == 4
+    untimed = lambda positions, seconds: None  # noqa: E731
+    drafts = chain.draft_round(ids[:, 5:13], hidden[:, 4:12], mask[:, 4:12], depths, untimed)
+    line = np.concatenate([ids[:, 1:13], drafts], axis=1)
+    taught = teacher_forced_depths(layout["references"], hidden, line, mask[:, :12])
+    expected = [taught[j]["logits"][:, 11].argmax(-1) for j in range(depths)]
+    np.testing.assert_array_equal(drafts, np.stack(expected, axis=1))
+    with pytest.raises(ValueError, match="depth 1 has run 11 positions"):
+        chain.truncate(5)
+
+
 class _RecordingChain(DepthChain):
     """The depth chain, recording each round's inputs as it saw them (for the reference)."""
 
