@@ -417,3 +417,5 @@ def test_qualify_head_verdict(tmp_path: Path) -> None:
     speculative = head.evidence["speculative"]
     assert speculative["k"] == 2 and speculative["k_rounds"].get(2, 0) > 0
     assert speculative["tokens"] == speculative["plain_tokens"]
+    hashed = report.run["files"]["sha256"]
+    assert {"model.onnx", "mtp.onnx", "mtp_depth1.onnx"} <= set(hashed)
