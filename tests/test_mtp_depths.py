@@ -419,3 +419,41 @@ def test_qualify_head_verdict(tmp_path: Path) -> None:
     assert speculative["tokens"] == speculative["plain_tokens"]
     hashed = report.run["files"]["sha256"]
     assert {"model.onnx", "mtp.onnx", "mtp_depth1.onnx"} <= set(hashed)
+
+
+def test_omni_head_of_distinct_depths(tmp_path: Path) -> None:
+    """An Omni checkpoint whose language model declares two distinct depths (its head under
+    language_model.mtp.layers.0-3): the package gets both depth graphs beside the Omni ones,
+    and OmniSession's speculative decoding through the chain gives its plain greedy tokens."""
+    from safetensors.numpy import load_file, save_file
+
+    from mobius_lite.run.omni_session import OmniSession
+    from reference_fixtures.mtp_fixtures import (
+        depth_tensors,
+        global_head_shape,
+        write_omni_mtp_checkpoint,
+    )
+
+    checkpoint, model, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    path = checkpoint / "model.safetensors"
+    kept = {n: v for n, v in load_file(path).items() if not n.startswith("language_model.mtp.")}
+    head = depth_tensors(
+        global_head_shape(model.language_model.config), "*E", 2, np.random.default_rng(3)
+    )
+    save_file({**kept, **{"language_model." + n: v for n, v in head.items()}}, path)
+    edit_config(
+        checkpoint,
+        lambda raw: raw["text_config"].update(
+            num_nextn_predict_layers=2, mtp_use_repeated_layer=False
+        ),
+    )
+    package = mobius_lite.build(checkpoint)
+    assert [g.key for g in package.graphs][-2:] == ["mtp", "mtp_depth1"]
+    out = package.save(tmp_path / "package", quiet=True)
+    session = OmniSession(out)
+    ids = np.array([[5, 17, 33, 8, 61, 12]], np.int64)
+    plain = session.generate(ids, None, 12, stop_at_eos=False)
+    tokens, _, stats = session.generate_speculative(
+        ids, None, 12, 2, stop_at_eos=False, adaptive=False
+    )
+    assert tokens == plain.tokens and stats.k_rounds.get(2, 0) > 0
