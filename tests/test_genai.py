@@ -321,3 +321,23 @@ def test_mtp_generator_drafts_the_lightning_depth_by_default(tmp_path: Path) -> 
     tokens, stats = genai_generate_mtp(edited, PROMPT, NEW_TOKENS)
     assert tokens == expected
     assert stats["rounds"] < stats["draft_tokens_proposed"] <= 2 * stats["rounds"]
+
+
+def test_mtp_generator_runs_depth_zero_of_distinct_depths(tmp_path: Path) -> None:
+    """A head of two distinct depths (mtp_use_repeated_layer false): genai_config points
+    MtpGenerator at depth 0 (mtp.onnx) with one draft a round, which it runs with
+    transformers' greedy tokens (float16 logits, as above); mtp_depth1.onnx is not in it."""
+    from reference_fixtures.mtp_fixtures import write_distinct_depths_checkpoint
+
+    checkpoint, model, _ = write_distinct_depths_checkpoint(tmp_path / "checkpoint", "*E", 2)
+    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
+    config = json.loads((package / "genai_config.json").read_text())
+    assert config["speculative"] == {"max_draft_tokens": 1}
+    assert config["model"]["mtp"]["filename"] == "mtp.onnx"
+    assert "mtp_depth1" not in json.dumps(config)
+    expected = transformers_greedy(model, PROMPT, NEW_TOKENS, cached=True)
+    assert genai_generate(package, PROMPT, NEW_TOKENS) == expected
+    edited = _with_float16_logits(package, tmp_path / "f16-logits")
+    tokens, stats = genai_generate_mtp(edited, PROMPT, NEW_TOKENS)
+    assert tokens == expected
+    assert 0 < stats["draft_tokens_proposed"] <= stats["rounds"]

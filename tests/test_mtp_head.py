@@ -472,11 +472,11 @@ def _head_with_blocks(source: Path, destination: Path, config_edit, extra_depths
     [
         # two distinct depths in the weights, a config that says one repeated depth
         ({"num_nextn_predict_layers": 2}, 1, "mtp.layers.0-3: 2 distinct depths of '[*]E'"),
-        # the config says two distinct depths: not exported (one head module is chained)
+        # the config says two distinct depths, the weights hold three
         (
             {"num_nextn_predict_layers": 2, "mtp_use_repeated_layer": False},
-            1,
-            "2 distinct depths .* not supported",
+            2,
+            "mtp.layers.0-5: 3 distinct depths .* describes 2 depth",
         ),
         # a config of one depth, weights of another count
         ({"num_nextn_predict_layers": 1}, 2, "mtp.layers.0-5: 3 distinct depths"),
@@ -494,6 +494,29 @@ def test_head_depths_the_weights_do_not_hold_are_one_clear_error(
     with pytest.raises(ConfigError, match=message):
         mobius_lite.build(checkpoint)
     assert not (tmp_path / "package").exists()
+
+
+def test_distinct_depths_export_one_graph_per_depth(nemotron_h, tmp_path: Path) -> None:
+    """Two distinct depths in the weights and the config (mtp_use_repeated_layer false), once
+    refused: mtp.onnx binds mtp.layers.0-1, mtp_depth1.onnx mtp.layers.2-3
+    (tests/test_mtp_depths.py checks them against the reference)."""
+    from mobius_lite.enums import GraphId
+
+    checkpoint = _head_with_blocks(
+        nemotron_h["checkpoint"],
+        tmp_path / "checkpoint",
+        lambda raw: raw.update(num_nextn_predict_layers=2, mtp_use_repeated_layer=False),
+        1,
+    )
+    package = mobius_lite.build(checkpoint)
+    assert [g.graph_id for g in package.graphs] == [
+        GraphId(GraphRole.DECODER),
+        GraphId(GraphRole.MTP),
+        GraphId(GraphRole.MTP, 1),
+    ]
+    for record, blocks in zip(package.graphs[1:], (("0", "1"), ("2", "3")), strict=True):
+        head = {s for b in record.plan.bindings for s in b.sources} - set(SHARED)
+        assert head and {name.split(".")[2] for name in head} == set(blocks)
 
 
 def test_head_depth_refusals_from_the_cli(nemotron_h, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ activation modes, shared across the package."""
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -69,6 +70,31 @@ class GraphRole(str, enum.Enum):
         """The graph's file in the package: the one place these names are written."""
         # The decoder keeps onnxruntime-genai's default name.
         return "model.onnx" if self is GraphRole.DECODER else f"{self.value}.onnx"
+
+
+@dataclass(frozen=True)
+class GraphId:
+    """Which graph of a package: its role, and for the MTP head of distinct depths
+    (mtp_use_repeated_layer false) which depth. Depth 0 is the role's own graph (mtp.onnx,
+    the one onnxruntime-genai runs); depth j >= 1 of the head is `mtp_depth{j}`
+    (mtp_depth{j}.onnx). Names are only ever made from this object, never read back."""
+
+    role: GraphRole
+    depth: int = 0
+
+    def __post_init__(self) -> None:
+        if self.depth < 0 or (self.depth and self.role is not GraphRole.MTP):
+            raise ValueError(f"{self.role.value} has no depth {self.depth}")
+
+    @property
+    def key(self) -> str:
+        """The graph's key in manifest.json."""
+        return self.role.value if not self.depth else f"{self.role.value}_depth{self.depth}"
+
+    @property
+    def file_name(self) -> str:
+        """The graph's file in the package."""
+        return self.role.file_name if not self.depth else f"{self.key}.onnx"
 
 
 class Backend(str, enum.Enum):

@@ -18,7 +18,8 @@ What onnxruntime-genai 0.18 does with it (checked by experiment, docs/genai.md):
   (`mtp_head_overlay`, written to the package as genai_mtp_overlay.json, applied with
   og.Config.overlay): 0.18 refuses a second config folder that points at ../mtp.onnx
   ("path traversal"). `speculative.max_draft_tokens` is the head's depth
-  (num_nextn_predict_layers), MtpGenerator's default drafts per round. 0.18's MtpGenerator
+  (num_nextn_predict_layers), MtpGenerator's default drafts per round; a head of distinct
+  depths points genai at depth 0 (mtp.onnx) only, with max_draft_tokens 1. 0.18's MtpGenerator
   fails on the CPU provider for float32 logits, which every package returns ("Cast - input
   and output types are the same"; docs/genai.md).
 - An Omni package (a decoder taking inputs_embeds, an embedding graph, a vision encoder) is
@@ -168,8 +169,7 @@ def genai_config(
         sections["mtp"] = mtp_section(config, mtp_filename)
     extra: dict[str, Any] = {}
     if "mtp" in sections:
-        # MtpGenerator's default drafts per round (genai's own default is 4): the head's depth
-        extra["speculative"] = {"max_draft_tokens": config.num_nextn_predict_layers}
+        extra["speculative"] = {"max_draft_tokens": genai_draft_tokens(config)}
     return {
         "model": {
             "bos_token_id": config.bos_token_id,
@@ -214,6 +214,14 @@ def graph_section(key: str, filename: str, inputs: list[str], outputs: list[str]
 def _head_attention(config: NemotronHConfig) -> Any:
     """The head's first attention block's sizes (the head has at least one: validated)."""
     return next(layer.attention for layer in config.mtp_layers if layer.kind is LayerKind.ATTENTION)
+
+
+def genai_draft_tokens(config: NemotronHConfig) -> int:
+    """MtpGenerator's default drafts per round (genai's own default is 4): the head's depth
+    when its one depth is repeated; 1 for a head of distinct depths, of which MtpGenerator
+    runs only mtp.onnx (depth 0: one head module, its Engine refuses num_hidden_layers other
+    than 1), so a second draft there would repeat depth 0's weights."""
+    return config.num_nextn_predict_layers if config.mtp_depths == 1 else 1
 
 
 def mtp_section(config: NemotronHConfig, filename: str) -> dict[str, Any]:
@@ -263,7 +271,7 @@ def mtp_head_overlay(config: NemotronHConfig, filename: str) -> dict[str, Any]:
                 "hidden_size": config.hidden_size,
                 "num_attention_heads": attention.num_heads,
                 "num_key_value_heads": attention.num_kv_heads,
-                "num_hidden_layers": len(config.mtp_layers),
+                "num_hidden_layers": len(config.mtp_depth_layers(0)),
                 "inputs": {
                     "input_ids": INPUT_IDS,
                     "attention_mask": ATTENTION_MASK,

@@ -21,7 +21,7 @@ import onnx_ir as ir
 from tqdm import tqdm
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import GraphRole, Precision
+from mobius_lite.enums import GraphId, GraphRole, Precision
 from mobius_lite.errors import PackageError, VerificationError
 from mobius_lite.genai_config import genai_config, graph_section, mtp_head_overlay
 from mobius_lite.layout import CONFIG_FILE, GENAI_CONFIG_FILE, GENAI_MTP_OVERLAY_FILE
@@ -43,15 +43,27 @@ from mobius_lite.weights.writer import (
 
 @dataclass
 class GraphRecord:
-    """One graph of a package: its role (which names its file), model and binding plan."""
+    """One graph of a package: its role and depth (enums.GraphId, which names its file and
+    its manifest key), model and binding plan. `depth` is nonzero only for a further depth
+    of an MTP head of distinct depths."""
 
     role: GraphRole
     model: ir.Model
     plan: BindingPlan
+    depth: int = 0
+
+    @property
+    def graph_id(self) -> GraphId:
+        return GraphId(self.role, self.depth)
+
+    @property
+    def key(self) -> str:
+        """The graph's key in manifest.json."""
+        return self.graph_id.key
 
     @property
     def file_name(self) -> str:
-        return self.role.file_name
+        return self.graph_id.file_name
 
 
 @dataclass
@@ -78,7 +90,7 @@ class ModelPackage:
 
     def graph(self, role: GraphRole) -> GraphRecord:
         for record in self.graphs:
-            if record.role is role:
+            if record.role is role and not record.depth:
                 return record
         raise KeyError(f"the package has no {role.value} graph")
 
@@ -176,7 +188,7 @@ class ModelPackage:
                 _write_new_file(stage / name, data)
             manifest = build_manifest(
                 result,
-                [GraphPlan(g.role.value, g.file_name, g.plan) for g in self.graphs],
+                [GraphPlan(g.key, g.file_name, g.plan) for g in self.graphs],
                 self.source,
                 self.precision.value,
                 stage,

@@ -92,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="K",
         help="draft up to K tokens a round with the package's MTP head (mtp.onnx) and verify "
         "them in one decoder call; K adapts to the measured acceptance and costs, down to "
-        "plain decoding. The tokens are the same as without it (default: 0, off)",
+        "plain decoding (a head of D distinct depths: K <= D). The tokens are the same as "
+        "without it (default: 0, off)",
     )
     p.set_defaults(run=run)
 
@@ -101,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.configs.model_types import model_type_of
     from mobius_lite.enums import Task
     from mobius_lite.run.greedy import stop_token_ids
+    from mobius_lite.run.mtp_head import head_files
     from mobius_lite.run.ort_session import session_providers
     from mobius_lite.run.package_reader import open_package
     from mobius_lite.run.runnable import check_runnable
+    from mobius_lite.run.speculative import check_depth_drafts
     from mobius_lite.sources.config_json import read_config_json
 
     package = Path(args.package)
@@ -126,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     ids = None if args.image or args.audio else _prompt_ids(args, tokenizer)
     if ids is not None:
         _check_length(package, ids.shape[1], args.max_new_tokens)
+    if args.speculative:  # K against the head's depth graphs, before any session
+        check_depth_drafts(len(head_files(files)), args.speculative)
     providers = session_providers(args.ep)
     check_runnable(files, args.ep)  # the recorded dtype and operators against --ep
     printer = TokenPrinter(None if args.ids else tokenizer)

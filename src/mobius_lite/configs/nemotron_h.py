@@ -311,6 +311,14 @@ class NemotronHConfig:
         kinds = self.mtp_layers_block_type * self.mtp_depths
         return tuple(self.mtp_layer_spec(i, k) for i, k in enumerate(kinds))
 
+    def mtp_depth_layers(self, depth: int) -> tuple[LayerSpec, ...]:
+        """Depth `depth`'s blocks: mtp.layers.{depth * B .. depth * B + B - 1}, B the blocks of
+        one depth (mtp_layers_block_type); the first fuses, the last has the final norm."""
+        if not 0 <= depth < self.mtp_depths:
+            raise ValueError(f"the head has {self.mtp_depths} depth(s), not a depth {depth}")
+        per_depth = len(self.mtp_layers_block_type)
+        return self.mtp_layers[depth * per_depth : (depth + 1) * per_depth]
+
     def mtp_layer_spec(self, index: int, kind: LayerKind, **overrides: Any) -> LayerSpec:
         """Resolve the head's block `index` (mtp.layers.{index}): the global sizes, with
         optional overrides (Puzzle's mtp_block_configs)."""

@@ -8,7 +8,8 @@ mtp_hidden = RMSNorm_final(x), logits = lm_head(mtp_hidden). Tensors are read by
 safetensors (the mtp.* ones, also found as model.mtp.*, and the shared embedding table and
 lm_head), never from the package. The head is one depth, which chained drafts repeat
 (Nemotron 3.5 Lightning's depth 2, Super / Ultra's latent MoE: transformers' NemotronHMoE with
-fc1 / fc2 latent projections). Requires the `reference` extra (torch, transformers).
+fc1 / fc2 latent projections), or depth 0 (mtp.onnx) of a head of distinct depths. Requires
+the `reference` extra (torch, transformers).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class MtpReference:
         mtp = sorted(n for n in where if n.startswith(head_prefix + "mtp."))
         if not mtp:
             raise ConfigError(f"{checkpoint} has no mtp.* tensors: the model has no MTP head")
-        _check_one_depth(mtp, head_prefix)
+        mtp = _depth_zero(mtp, head_prefix, _distinct_depths(text))
         embed = next((prefix + n for n in EMBEDDINGS if prefix + n in where), None)
         head = prefix + "lm_head.weight" if prefix + "lm_head.weight" in where else embed
         if embed is None or head is None:
@@ -228,15 +229,26 @@ class MtpReference:
         return y + t[f"{p}o_proj.bias"] if f"{p}o_proj.bias" in t else y
 
 
-def _check_one_depth(names: list[str], prefix: str) -> None:
-    """The reference computes one depth of "*E" (attention block 0, MoE block 1), the depth
-    every chained draft repeats; a head whose weights hold other blocks is refused."""
+def _distinct_depths(text: dict) -> int:
+    """How many distinct depths the head's weights hold: num_nextn_predict_layers when
+    mtp_use_repeated_layer is false, else one (repeated by every chained draft)."""
+    if text.get("mtp_use_repeated_layer") is False:
+        return int(text.get("num_nextn_predict_layers") or 1)
+    return 1
+
+
+def _depth_zero(names: list[str], prefix: str, depths: int) -> list[str]:
+    """The names of depth 0's blocks (mtp.layers.0-1), which the reference computes: the
+    depth every chained draft repeats, or mtp.onnx's of a head of distinct depths. A head whose
+    weights hold other blocks than `depths` depths of "*E" is refused."""
     blocks = sorted({int(n[len(prefix) :].split(".")[2]) for n in names if ".layers." in n})
-    if blocks != [0, 1]:
+    if blocks != list(range(2 * depths)):
         raise ConfigError(
-            f"the head's weights hold blocks mtp.layers.{blocks}: the reference computes one "
-            "depth of an attention block and a MoE block (mtp.layers.0-1)"
+            f"the head's weights hold blocks mtp.layers.{blocks}: the reference computes "
+            f"{depths} depth(s) of an attention block and a MoE block (mtp.layers.0-"
+            f"{2 * depths - 1})"
         )
+    return [n for n in names if ".layers." not in n or int(n[len(prefix) :].split(".")[2]) < 2]
 
 
 def head_block(text: dict, kind: str) -> dict:

@@ -104,10 +104,17 @@ def versions() -> dict[str, str | None]:
 
 
 def graph_files(package_dir: Path) -> dict[str, Any]:
-    """sha256 of each graph file and JSON config; external data files (named by the graphs'
-    own references, subgraphs included) with their sizes. Weight bytes are source_fidelity's
-    evidence."""
-    graphs = [package_dir / name for name in GRAPH_FILES if (package_dir / name).is_file()]
+    """sha256 of each graph file (as the manifest lists them, a head's further depth graphs
+    included; else the known graph names) and JSON config; external data files (named by
+    the graphs' own references, subgraphs included) with their sizes. Weight bytes are
+    source_fidelity's evidence."""
+    try:
+        listed = [package_dir / g["file"] for g in read_manifest(package_dir)["graphs"].values()]
+    except (PackageError, KeyError, TypeError):
+        listed = []
+    graphs = [p for p in listed if p.is_file()] or [
+        package_dir / name for name in GRAPH_FILES if (package_dir / name).is_file()
+    ]
     hashes = {p.name: sha256_file(p) for p in graphs}
     for name in (GENAI_CONFIG_FILE, CONFIG_FILE):
         if (package_dir / name).is_file():

@@ -78,7 +78,8 @@ def run_heads(
     dict `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
-    from mobius_lite.run.mtp_head import head_session
+    from mobius_lite.run.mtp_head import head_files, head_session, open_head
+    from mobius_lite.run.package_reader import open_package
 
     facts: dict[str, Any] = {
         "graph": GraphRole.MTP.file_name,
@@ -102,12 +103,17 @@ def run_heads(
             for name, value in arrays.items():
                 ours[f"{HEAD_PREFIX}{step}/{name}"] = value
         speculate = speculate or _text_speculation(package_dir, prompt, providers)
-        drafted, stats = speculate(head, len(tokens), SPECULATIVE_K)
+        drafter, k = head, SPECULATIVE_K
+        depths = len(head_files(open_package(package_dir)))
+        if depths > 1:  # a head of distinct depths drafts through its chain, K <= depths
+            drafter, k = open_head(package_dir, providers), min(SPECULATIVE_K, depths)
+            facts["depths"] = f"{depths} distinct depths: the arrays are depth 0's (mtp.onnx)"
+        drafted, stats = speculate(drafter, len(tokens), k)
     except Exception as exc:  # evidence for the report, never a traceback
         facts["error"] = f"the package head did not run: {type(exc).__name__}: {exc}"[:1000]
         return facts, {}, {}
     facts["speculative"] = {
-        "k": SPECULATIVE_K,
+        "k": k,
         "new_tokens": len(tokens),
         "tokens": list(drafted),
         "plain_tokens": list(tokens),

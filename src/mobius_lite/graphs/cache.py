@@ -89,7 +89,11 @@ def cache_tensors(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[Cac
     return out
 
 
-def mtp_cache_tensors(config: NemotronHConfig, dtype: ir.DataType) -> list[CacheTensor]:
-    """The MTP head's cache tensors (past_key_values.mtp.{i}.key / .value for its attention
-    block i); empty when the config has no head."""
-    return cache_tensors(config.mtp_layers, dtype)
+def mtp_cache_tensors(
+    config: NemotronHConfig, dtype: ir.DataType, depth: int = 0
+) -> list[CacheTensor]:
+    """The cache tensors of the MTP head's depth `depth` (past_key_values.mtp.{i}.key /
+    .value for each of its attention blocks i, global indices); empty without a head."""
+    if not config.mtp_layers:
+        return []
+    return cache_tensors(config.mtp_depth_layers(depth), dtype)

@@ -8,7 +8,7 @@ from onnxscript import GraphBuilder
 
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import Activations, DraftHead
+from mobius_lite.enums import Activations, DraftHead, GraphId, GraphRole
 from mobius_lite.errors import ConfigError
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 from mobius_lite.graphs.cache import BATCH, mtp_cache_tensors
@@ -29,13 +29,16 @@ def build_mtp(
     ctx: BuildContext | None = None,
     *,
     logits_from_embeddings: bool = False,
+    depth: int = 0,
 ) -> tuple[ir.Model, NemotronHMTPForCausalLM]:
-    """Build mtp.onnx (weights not yet bound): (input_ids, hidden_states, attention_mask,
+    """Build mtp.onnx, or a later depth's graph of a head of distinct depths (`depth` >= 1,
+    enums.GraphId), weights not yet bound: (input_ids, hidden_states, attention_mask,
     past_key_values.mtp.*, logits_to_keep) -> (logits, present.mtp.*, mtp_hidden_states).
     logits_to_keep is the decoder's optional input (default 0: every position): a draft
     needs the last position's logits only, and a head catching up on many positions would
     otherwise run its lm_head, and its experts, over every one of them. Unlike the
-    decoder's, it also keeps mtp_hidden_states to those positions (models/nemotron_h_mtp.py).
+    decoder's, it also keeps mtp_hidden_states to those positions (models/nemotron_h_mtp.py),
+    except in a depth that feeds a further one: there mtp_hidden_states has every position.
 
     The arguments mean what they mean for build_decoder; the head's weight slots resolve
     their formats by their checkpoint names (mtp.layers.*, backbone.embeddings.weight,
@@ -43,19 +46,20 @@ def build_mtp(
     """
     ctx = ctx or BuildContext.dense()
     dtype = ctx.dtype
-    module = NemotronHMTPForCausalLM(config, ctx, logits_from_embeddings)
+    module = NemotronHMTPForCausalLM(config, ctx, logits_from_embeddings, depth)
     apply_weight_formats(module, ctx)
 
     hidden = config.hidden_size
     ids = graph_value(INPUT_IDS, ir.DataType.INT64, (BATCH, "sequence"))
     states = graph_value(HIDDEN_STATES, dtype, (BATCH, "sequence", hidden))
     mask = graph_value(ATTENTION_MASK, ir.DataType.INT64, (BATCH, "total_sequence"))
-    cache = mtp_cache_tensors(config, dtype)
+    cache = mtp_cache_tensors(config, dtype, depth)
     past = {c.past_name: graph_value(c.past_name, c.dtype, c.past_shape) for c in cache}
 
     keep = logits_to_keep_input()
 
-    graph = new_graph("nemotron_h_mtp", [ids, states, mask, *past.values(), keep])
+    name = "nemotron_h_mtp" if not depth else f"nemotron_h_mtp_depth{depth}"
+    graph = new_graph(name, [ids, states, mask, *past.values(), keep])
     graph.register_initializer(keep)
     op = GraphBuilder(graph).op
     logits, presents, head_hidden = module(op, ids, states, mask, past, keep)
@@ -70,10 +74,31 @@ def build_mtp(
         head_hidden,
         op.Concat(op.Slice(op.Shape(ids), [0], [1]), op.Constant(value_ints=[-1, hidden]), axis=0),
     )
-    hidden_shape = (BATCH, "logits_sequence", hidden)  # the positions the logits keep
+    # the positions the logits keep, or every position for a depth that feeds the next
+    hidden_shape = (BATCH, "sequence" if module.every_hidden else "logits_sequence", hidden)
     outputs.append(name_output(per_sequence, MTP_HIDDEN_STATES, dtype, hidden_shape))
     graph.outputs.extend(outputs)
     return to_model(graph), module
+
+
+def build_head_graphs(
+    config: NemotronHConfig,
+    ctx: BuildContext,
+    *,
+    logits_from_embeddings: bool,
+    draft_head: DraftHead,
+) -> list[tuple[GraphId, ir.Model]]:
+    """The head's graphs on the `draft_head` route: mtp.onnx, and for a head of distinct
+    depths (mtp_use_repeated_layer false) one more graph per further depth, each binding its
+    own blocks (mtp.layers.{d * B ..}) and the shared embedding table and lm_head."""
+    graphs = []
+    for depth in range(config.mtp_depths):
+        model, _ = build_mtp(
+            config, ctx, logits_from_embeddings=logits_from_embeddings, depth=depth
+        )
+        apply_draft_head(model, draft_head)
+        graphs.append((GraphId(GraphRole.MTP, depth), model))
+    return graphs
 
 
 def make_fast_head(graph: ir.Graph) -> int:

@@ -68,19 +68,31 @@ class MTPBlock(Block):
         return out, presents
 
 
-class MTPModel(nn.Module):
-    """mtp.layers.{i}: the head's blocks in order (one depth: mtp_layers_block_type's blocks,
-    the first fusing, the last with the final norm)."""
+class _DepthBlocks(nn.ModuleList):
+    """One depth's blocks under their checkpoint indices (mtp.layers.{first}, ...), so a
+    later depth's parameter paths are the checkpoint's names."""
 
-    def __init__(self, config: NemotronHConfig, ctx: BuildContext) -> None:
+    def __init__(self, blocks: list[MTPBlock], first: int) -> None:
+        super().__init__()
+        for offset, block in enumerate(blocks):
+            self._register_child(str(first + offset), block)
+
+
+class MTPModel(nn.Module):
+    """mtp.layers.{i}: one depth's blocks in order (mtp_layers_block_type's blocks, the first
+    fusing, the last with the final norm); depth d's are mtp.layers.{d * B ..}."""
+
+    def __init__(self, config: NemotronHConfig, ctx: BuildContext, depth: int = 0) -> None:
         super().__init__()
         self.width = config.hidden_size
-        last = len(config.mtp_layers) - 1
-        self.layers = nn.ModuleList(
+        layers = config.mtp_depth_layers(depth)
+        last = len(layers) - 1
+        self.layers = _DepthBlocks(
             [
                 MTPBlock(layer, config, ctx, first=i == 0, last=i == last)
-                for i, layer in enumerate(config.mtp_layers)
-            ]
+                for i, layer in enumerate(layers)
+            ],
+            layers[0].index,
         )
 
     def forward(
@@ -123,10 +135,19 @@ class _SharedEmbeddings(nn.Module):
 
 
 class NemotronHMTPForCausalLM(nn.Module):
-    """The head with the decoder's embeddings and lm_head (or the tied table)."""
+    """One depth of the head with the decoder's embeddings and lm_head (or the tied table).
+
+    A head of distinct depths (mtp_use_repeated_layer false) is one such module per depth.
+    Every depth but the last feeds the next its mtp_hidden_states at every position it runs
+    (`every_hidden`): its blocks then run on all positions and only its logits keep the
+    last `logits_to_keep` positions; the last depth (and a one-depth head) narrows both."""
 
     def __init__(
-        self, config: NemotronHConfig, ctx: BuildContext, logits_from_embeddings: bool = False
+        self,
+        config: NemotronHConfig,
+        ctx: BuildContext,
+        logits_from_embeddings: bool = False,
+        depth: int = 0,
     ) -> None:
         super().__init__()
         if not config.mtp_layers:
@@ -134,15 +155,17 @@ class NemotronHMTPForCausalLM(nn.Module):
                 "the config declares no multi-token-prediction head (num_nextn_predict_layers "
                 "is 0, or a Puzzle config without mtp_block_configs): there is no mtp graph"
             )
-        if config.mtp_depths > 1:
+        if not 0 <= depth < config.mtp_depths:
             raise ConfigError(
-                f"the head has {config.mtp_depths} distinct depths (mtp_use_repeated_layer "
-                "false): chaining distinct depths in one exported head is not supported; "
-                "heads whose one depth every draft repeats are (mtp_use_repeated_layer true)"
+                f"the head has {config.mtp_depths} depth(s) (num_nextn_predict_layers="
+                f"{config.num_nextn_predict_layers}, mtp_use_repeated_layer="
+                f"{config.mtp_use_repeated_layer}): there is no depth {depth}"
             )
         self.config = config
+        self.depth = depth
+        self.every_hidden = depth < config.mtp_depths - 1
         self.backbone = _SharedEmbeddings(config, ctx)
-        self.mtp = MTPModel(config, ctx)
+        self.mtp = MTPModel(config, ctx, depth)
         self.lm_head = (
             None
             if logits_from_embeddings
@@ -158,19 +181,25 @@ class NemotronHMTPForCausalLM(nn.Module):
         past: Mapping[str, ir.Value],
         logits_to_keep: ir.Value | None = None,
     ) -> tuple[ir.Value, dict[str, ir.Value], ir.Value]:
-        """input_ids [batch, seq] (tokens t+1), hidden_states [batch, seq, hidden] (the
-        decoder's at t), attention_mask int64 [batch, past + seq] (the head's cache),
-        logits_to_keep: int64 scalar, logits of only the last that many positions (0: all).
+        """input_ids [batch, seq] (tokens t+1, t+d+1 at depth d), hidden_states [batch, seq,
+        hidden] (the decoder's at t, or depth d-1's mtp_hidden_states), attention_mask int64
+        [batch, past + seq] (the depth's own cache), logits_to_keep: int64 scalar, logits of
+        only the last that many positions (0: all).
 
         Returns (logits FP32 [batch, seq or kept, vocab], presents by name, the final-normed
-        head output of the same positions [rows, hidden])."""
+        head output [rows, hidden]: of the kept positions, or of every position when
+        `every_hidden`)."""
         step = step_inputs(op, input_ids, attention_mask, past)
         embeds = self.backbone(op, input_ids)
         rows = op.Constant(value_ints=[-1, self.config.hidden_size])
+        narrow = None if self.every_hidden else logits_to_keep
         hidden, presents = self.mtp(
-            op, op.Reshape(hidden_states, rows), op.Reshape(embeds, rows), step, logits_to_keep
+            op, op.Reshape(hidden_states, rows), op.Reshape(embeds, rows), step, narrow
         )
+        scored = hidden
+        if self.every_hidden and logits_to_keep is not None:
+            scored = last_positions(op, hidden, step.dims, logits_to_keep, self.config.hidden_size)
         logits = output_logits(
-            op, hidden, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
+            op, scored, step.dims, self.config.vocab_size, self.lm_head, self.backbone.embeddings
         )
         return logits, presents, hidden

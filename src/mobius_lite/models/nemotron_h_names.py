@@ -118,8 +118,8 @@ def check_head_depths(config: NemotronHConfig, source: TensorSource) -> None:
         f"(num_nextn_predict_layers={config.num_nextn_predict_layers}, "
         f"mtp_use_repeated_layer={config.mtp_use_repeated_layer}) describes "
         f"{config.mtp_depths} depth(s) of '{pattern}' ({len(expected)} blocks): the weights "
-        "and the config must agree, and only a head of one depth, which every chained draft "
-        "repeats, is exported"
+        "and the config must agree (mtp_use_repeated_layer false: num_nextn_predict_layers "
+        "distinct depths; otherwise one depth that every chained draft repeats)"
     )
 
 

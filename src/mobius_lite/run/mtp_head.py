@@ -2,18 +2,20 @@
 
 MtpHead is an onnxruntime session over the head graph that carries the head's own KV cache
 and can cut it back to a prefix; DraftHead is what the speculative loop (speculative.py)
-needs from any draft head. open_head finds the head's graph file in the package's manifest.
+needs from any draft head, RoundDraftHead a head that makes a round's drafts itself (the
+chain of distinct depths, run/mtp_depths.py). open_head finds the head's graph files in the
+package's manifest.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import onnx_ir as ir
 
-from mobius_lite.enums import GraphRole
+from mobius_lite.enums import GraphId, GraphRole
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.graphs.draft_int8 import relay_draft_int8
 from mobius_lite.io_contract import (
@@ -25,6 +27,7 @@ from mobius_lite.io_contract import (
     MTP_HIDDEN_STATES,
 )
 from mobius_lite.run.cached_session import CachedSession
+from mobius_lite.run.mtp_depths import DepthChain, DraftTimer
 from mobius_lite.run.ort_session import without_spinning
 from mobius_lite.run.package_reader import PackageFiles, open_package
 
@@ -48,6 +51,33 @@ class DraftHead(Protocol):
 
     def truncate(self, length: int) -> None:
         """Drop the cache's positions from `length` on."""
+        ...
+
+
+@runtime_checkable
+class RoundDraftHead(DraftHead, Protocol):
+    """A draft head that makes a whole round's drafts itself, rather than the loop chaining
+    its steps over its own hidden states: the chain of a head of distinct depths
+    (run/mtp_depths.py), whose draft j comes from depth j."""
+
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts one round can make (the head's depths)."""
+        ...
+
+    def draft_round(
+        self,
+        input_ids: np.ndarray,
+        hidden_states: np.ndarray,
+        attention_mask: np.ndarray,
+        count: int,
+        timed: DraftTimer,
+    ) -> np.ndarray:
+        """Run the positions the head has not seen (token t+1, decoder hidden t; the last
+        one's token is the decoder's pending token) and draft `count` <= max_drafts tokens
+        after it, [batch, count]. Afterwards its caches hold no entry computed from a draft.
+        `timed(positions, seconds)` hears of each call; positions 1 marks a call that costs
+        what one draft costs (not a catch-up on many positions)."""
         ...
 
 
@@ -117,18 +147,30 @@ def open_head(
     package: PackageFiles | str | Path,
     providers: list[str] | None = None,
     session_options: Any = None,
-) -> MtpHead:
-    """The package's MTP head, its graph file as the manifest lists it (a directory is read
-    with open_package first); a ConfigError naming the fix when the package has none."""
+) -> MtpHead | DepthChain:
+    """The package's MTP head, its graph files as the manifest lists them (a directory is read
+    with open_package first): an MtpHead over mtp.onnx, or for a head of distinct depths a
+    DepthChain over mtp.onnx and each further depth's graph (enums.GraphId). A ConfigError
+    naming the fix when the package has no head."""
     files = package if isinstance(package, PackageFiles) else open_package(package)
-    path = files.graphs.get(GraphRole.MTP.value)
-    if path is None:
+    paths = head_files(files)
+    if not paths:
         raise ConfigError(
             f"{files.directory} has no {GraphRole.MTP.file_name}: its checkpoint has no "
             "multi-token-prediction head, so it cannot draft; decode without speculation "
             "(no --speculative; in Python, run.greedy.greedy)"
         )
-    return head_session(Path(path), providers, session_options)
+    heads = [head_session(path, providers, session_options) for path in paths]
+    return heads[0] if len(heads) == 1 else DepthChain(heads)
+
+
+def head_files(files: PackageFiles) -> list[Path]:
+    """The head's graph files in depth order, as the manifest lists them: mtp.onnx, then
+    each further depth's while the manifest has it; empty without a head."""
+    paths: list[Path] = []
+    while (path := files.graphs.get(GraphId(GraphRole.MTP, len(paths)).key)) is not None:
+        paths.append(Path(path))
+    return paths
 
 
 def head_session(

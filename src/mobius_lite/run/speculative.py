@@ -1,7 +1,8 @@
 """Exact speculative greedy decoding with the package's multi-token-prediction head.
 
 The head (run/mtp_head.py) drafts K tokens, each draft step fed the
-previous draft and the head's own `mtp_hidden_states`; one decoder call over K+1 tokens
+previous draft and the head's own `mtp_hidden_states` (a head of distinct depths drafts
+through its depths in order, run/mtp_depths.py); one decoder call over K+1 tokens
 verifies them; the longest prefix that equals the decoder's greedy choices is accepted, plus
 the decoder's own next token. When a draft is rejected the decoder is cut back to the
 accepted prefix: its Mamba states from the verifying call's own per-position windows
@@ -27,7 +28,7 @@ from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.io_contract import HIDDEN_STATES, LOGITS
 from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.draft_control import DraftController, RoundPlan
-from mobius_lite.run.mtp_head import DraftHead, MtpHead
+from mobius_lite.run.mtp_head import DraftHead, DraftTimer, MtpHead, RoundDraftHead
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def speculative_greedy(
     """
     options = dataclasses.replace(options or SpeculationOptions(), **settings)
     check_speculation(decoder, k)
+    check_head_drafts(head, k)
     return _Speculation(decoder, head, k, options).generate(input_ids, max_new_tokens)
 
 
@@ -159,6 +161,25 @@ def check_speculation(decoder: DecoderSession, k: int) -> None:
         raise PackageError(
             f"the decoder has no {HIDDEN_STATES} output, which the head drafts from; rebuild "
             "the package with this version of mobius"
+        )
+
+
+def check_head_drafts(head: DraftHead, k: int) -> None:
+    """ConfigError for K above what one round of a head of distinct depths drafts."""
+    if isinstance(head, RoundDraftHead):
+        check_depth_drafts(head.max_drafts, k)
+
+
+def check_depth_drafts(depths: int, k: int) -> None:
+    """ConfigError for K above `depths`, the depth graphs of a head of distinct depths (one
+    draft per depth: a further draft would need a depth the head was not trained with); a
+    one-depth head (`depths` <= 1) repeats its depth for any K. `mobius generate` asks this
+    from the manifest (mtp_head.head_files) before any session is created."""
+    if depths > 1 and k > depths:
+        raise ConfigError(
+            f"k (--speculative) is {k}, but this head has {depths} distinct depths "
+            f"(mtp_use_repeated_layer false), which draft at most {depths} tokens a round: "
+            f"use k <= {depths}"
         )
 
 
@@ -250,8 +271,6 @@ class _Speculation:
         hidden = _hidden(verified.out, verified.fed.shape[1])[:, :kept]
         if kept < verified.fed.shape[1]:  # a draft was rejected: its positions must not stay
             hidden = self.calls.cut(verified, kept, hidden)
-        if verified.drafted:  # the chained drafts' own entries leave the head's cache
-            self.head.truncate(self.head.length - (verified.drafted - 1))
         pending = verified.greedy[:, verified.accepted]
         new = np.concatenate([verified.fed[:, 1:kept], pending[:, None]], axis=1)
         stop = next((i for i, t in enumerate(new[0].tolist()) if t in stops), None)
@@ -306,7 +325,11 @@ class _Calls:
         the steps since the last probe) is a one-off, not what a draft costs."""
         if not count:
             return np.zeros((batch, 0), dtype=np.int64)
-        drafts = _draft(self.head, backlog, count, self._timed_head)
+        if isinstance(self.head, RoundDraftHead):
+            ids, hidden, mask = backlog.take()
+            drafts = self.head.draft_round(ids, hidden, mask, count, self._timed_head)
+        else:
+            drafts = _draft(self.head, backlog, count, self._timed_head)
         self.stats.head_calls += count
         return drafts
 
@@ -340,13 +363,12 @@ class _Calls:
         return _hidden(rerun, kept)
 
 
-def _draft(
-    head: DraftHead, backlog: _HeadBacklog, count: int, timed: Callable[[int, float], None]
-) -> np.ndarray:
+def _draft(head: DraftHead, backlog: _HeadBacklog, count: int, timed: DraftTimer) -> np.ndarray:
     """`count` chained drafts [batch, count]. The first call runs the backlog (real tokens and
     decoder hidden states); each later one runs one position on the previous draft and the
-    head's own hidden state, an entry the caller cuts from the cache after verification.
-    `timed(positions, seconds)` hears of every call."""
+    head's own hidden state, an entry cut from the cache once the drafts are made (accepted
+    or not, it was computed from the head's own hidden state). `timed(positions, seconds)`
+    hears of every call."""
     ids, hidden, mask = backlog.take()
     logits, mtp_hidden = _head_step(head, ids, hidden, mask, timed)
     drafts = [logits[:, -1].argmax(-1)]
@@ -355,6 +377,8 @@ def _draft(
         previous = drafts[-1][:, None]
         logits, mtp_hidden = _head_step(head, previous, mtp_hidden[:, -1:], ones, timed)
         drafts.append(logits[:, -1].argmax(-1))
+    if count > 1:  # the chained drafts' own entries leave the head's cache
+        head.truncate(head.length - (count - 1))
     return np.stack(drafts, axis=1).astype(np.int64)
 
 
@@ -363,7 +387,7 @@ def _head_step(
     ids: np.ndarray,
     hidden: np.ndarray,
     mask: np.ndarray,
-    timed: Callable[[int, float], None],
+    timed: DraftTimer,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One head call, timed; the package's head computes the last position's logits only
     (its lm_head over a backlog of positions would cost as much as the rest of the call)."""

@@ -18,11 +18,11 @@ import onnx_ir as ir
 
 from mobius_lite.components.context import BuildContext
 from mobius_lite.configs.omni import OmniConfig
-from mobius_lite.enums import GraphRole, Task
+from mobius_lite.enums import GraphId, GraphRole, Task
 from mobius_lite.formats.parts import parameter_parts
 from mobius_lite.graphs.decoder import build_decoder
 from mobius_lite.graphs.embedding import build_embedding_graph
-from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
+from mobius_lite.graphs.mtp import build_head_graphs
 from mobius_lite.graphs.omni import build_audio_graph, build_video_graph, build_vision_graph
 from mobius_lite.io_contract import AUDIO_FEATURES, IMAGE_FEATURES
 from mobius_lite.models.nemotron_h_names import (
@@ -52,7 +52,7 @@ IMAGE_TEXT_TO_TEXT = Task.IMAGE_TEXT_TO_TEXT.value
 
 
 def _bind(
-    role: GraphRole,
+    graph: GraphRole | GraphId,
     model: ir.Model,
     source: TensorSource,
     names: NameMap,
@@ -65,7 +65,8 @@ def _bind(
     )
     check_source_dtypes(plan.bindings)
     bind_model(model, plan, source)
-    return GraphRecord(role, model, plan)
+    graph_id = graph if isinstance(graph, GraphId) else GraphId(graph)
+    return GraphRecord(graph_id.role, model, plan, graph_id.depth)
 
 
 def omni_graphs(
@@ -134,7 +135,8 @@ def omni_graphs(
     ]
     if head:
         # the draft head embeds its own input ids with the text table (text tokens only)
-        mtp, _ = build_mtp(text, text_ctx, logits_from_embeddings=tied)
-        apply_draft_head(mtp, options.draft_head)
-        graphs.append(_bind(GraphRole.MTP, mtp, source, names, rules, options.binding_hint))
+        for graph_id, mtp in build_head_graphs(
+            text, text_ctx, logits_from_embeddings=tied, draft_head=options.draft_head
+        ):
+            graphs.append(_bind(graph_id, mtp, source, names, rules, options.binding_hint))
     return TaskGraphs(text, graphs, shared_sources(graphs), config.raw)

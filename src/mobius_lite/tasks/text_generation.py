@@ -4,10 +4,10 @@ multi-token-prediction head's graph (mtp.onnx) when the checkpoint holds the hea
 from __future__ import annotations
 
 from mobius_lite.configs import NemotronHConfig
-from mobius_lite.enums import GraphRole, Task
+from mobius_lite.enums import GraphId, GraphRole, Task
 from mobius_lite.formats.parts import parameter_parts
 from mobius_lite.graphs.decoder import build_decoder
-from mobius_lite.graphs.mtp import apply_draft_head, build_mtp
+from mobius_lite.graphs.mtp import build_head_graphs
 from mobius_lite.models.nemotron_h_names import (
     SourceLayout,
     check_head_depths,
@@ -36,8 +36,9 @@ def text_generation_graphs(
 ) -> tuple[list[GraphRecord], dict[str, list[str]]]:
     """The decoder, every parameter bound (lazily) to `source`, whose kind names and stores
     the tensors as `layout` says; with the MTP head (a config that declares it and a source
-    that holds it) also mtp.onnx, which shares the decoder's embedding table and lm_head
-    (declared shared, stored once).
+    that holds it) also mtp.onnx (and one graph per further depth of a head of distinct
+    depths), which shares the decoder's embedding table and lm_head (declared shared, stored
+    once).
 
     Packed source tensors keep their format (their storage proposes it) and compute with
     it on the options' backend, unless the options say dequantize.
@@ -62,11 +63,11 @@ def text_generation_graphs(
         speculation_window=options.speculation_window(head),
         window_kernel=options.state_window_kernel,
     )
-    models = [(GraphRole.DECODER, decoder)]
+    models = [(GraphId(GraphRole.DECODER), decoder)]
     if head:
-        mtp, _ = build_mtp(config, ctx, logits_from_embeddings=tied)
-        apply_draft_head(mtp, options.draft_head)
-        models.append((GraphRole.MTP, mtp))
+        models += build_head_graphs(
+            config, ctx, logits_from_embeddings=tied, draft_head=options.draft_head
+        )
     plans = [
         plan_bindings(
             graph_parameters(model),
@@ -82,18 +83,18 @@ def text_generation_graphs(
     if head:
         check_accounted(plans, source, options.binding_hint)
     records = []
-    for (role, model), plan in zip(models, plans, strict=True):
+    for (graph_id, model), plan in zip(models, plans, strict=True):
         check_source_dtypes(plan.bindings)
         bind_model(model, plan, source)
-        records.append(GraphRecord(role, model, plan))
+        records.append(GraphRecord(graph_id.role, model, plan, graph_id.depth))
     return records, shared_sources(records)
 
 
 def shared_sources(graphs: list[GraphRecord]) -> dict[str, list[str]]:
-    """The source tensors bound in several graphs, with those graphs' roles (the declaration
-    the manifest requires for a tensor written once and used twice)."""
+    """The source tensors bound in several graphs, with those graphs' manifest keys (the
+    declaration the manifest requires for a tensor written once and used twice)."""
     users: dict[str, list[str]] = {}
     for record in graphs:
         for name in sorted(record.plan.bound_sources):
-            users.setdefault(name, []).append(record.role.value)
+            users.setdefault(name, []).append(record.key)
     return {name: roles for name, roles in users.items() if len(roles) > 1}
