@@ -309,6 +309,21 @@ def test_qualify_passes(work, tmp_path) -> None:
     assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
 
 
+def test_qualify_does_not_gate_the_int8_route(work, tmp_path) -> None:
+    """An Omni package on int8 activations is not exact by design: qualify reports its
+    parity and tokens with the measured figures, NOT_GATED, as for a text package (before,
+    the Omni path gated them and failed where the int8 kernels move the logits)."""
+    from mobius_lite.evaluation.qualify import qualify
+
+    package = work["package"]("nvfp4", *INT8)
+    report = qualify(package, work["root"] / "nvfp4", steps=2, output=tmp_path / "q", quiet=True)
+    statuses = {k: v.status for k, v in report.verdicts.items()}
+    assert statuses["graph_validity"] == statuses["source_fidelity"] == "PASS", report.verdicts
+    assert statuses["numerical_parity"] == statuses["generation"] == "NOT_GATED"
+    assert "kernels compute with int8 activations" in report.verdicts["generation"].summary
+    assert report.run["int8_activation_kernels"] > 0
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_route_graphs(work, variant) -> None:
     """`--weights-backend ort --dtype f16 --ep cuda` (built and checked here, not run: no GPU):

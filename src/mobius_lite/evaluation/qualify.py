@@ -692,22 +692,10 @@ def _decide(
     verdicts["generation"] = scoring.score_generation(ours, reference, steps)
     if run.get("int8_activation_kernels"):
         for name in ("numerical_parity", "generation"):
-            verdicts[name] = _not_gated(verdicts[name], run["int8_activation_kernels"])
+            verdicts[name] = scoring.not_gated(verdicts[name], run["int8_activation_kernels"])
     if head_verdict is not None:
         verdicts["mtp_head"] = head_verdict
     return QualifyReport(verdicts, run)
-
-
-def _not_gated(verdict: Verdict, kernels: int) -> Verdict:
-    """A package on int8 activations (`--activations int8`) is not exact by design: its
-    comparison with the FP32 reference is reported with the measured figures, not gated
-    (the route's gate is llama.cpp's own error on the same weights, docs/performance.md)."""
-    summary = (
-        f"not gated: {kernels} kernels compute with int8 activations (--activations int8), "
-        f"which the FP32 gates do not apply to; measured: {verdict.summary}"
-    )
-    evidence = {**verdict.evidence, "gated_status": verdict.status}
-    return Verdict(scoring.NOT_GATED, summary, evidence)
 
 
 def rescore(directory: str | Path) -> QualifyReport:

@@ -283,6 +283,12 @@ def qualify_omni_verdicts(
     )
     verdicts["generation"] = scoring.score_generation(decoder_ours, decoder_ref, names)
     run = {"steps": names, "execution_order": order, "omni": facts}
+    decoder = verdicts["graph_validity"].evidence.get(GraphRole.DECODER.value, {})
+    kernels = decoder.get("checker", {}).get("int8_activation_kernels", 0)
+    if kernels:  # --activations int8: reported with the measured figures, not gated
+        run["int8_activation_kernels"] = kernels
+        for name in ("numerical_parity", "generation"):
+            verdicts[name] = scoring.not_gated(verdicts[name], kernels)
     if head_facts is not None:  # the MTP head's own verdict (evaluation/qualify_mtp.py)
         run["mtp"] = head_facts
         verdicts["mtp_head"] = score_head(head_facts, head_ours, head_ref, names)

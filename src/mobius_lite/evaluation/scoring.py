@@ -352,3 +352,15 @@ def score_generation(
         f"{ours} vs {ref}",
         evidence,
     )
+
+
+def not_gated(verdict: Verdict, kernels: int) -> Verdict:
+    """A package on int8 activations (`--activations int8`) is not exact by design: its
+    comparison with the FP32 reference is reported with the measured figures, not gated
+    (the route's gate is llama.cpp's own error on the same weights, docs/performance.md)."""
+    summary = (
+        f"not gated: {kernels} kernels compute with int8 activations (--activations int8), "
+        f"which the FP32 gates do not apply to; measured: {verdict.summary}"
+    )
+    evidence = {**verdict.evidence, "gated_status": verdict.status}
+    return Verdict(NOT_GATED, summary, evidence)
