@@ -141,20 +141,6 @@ def test_a_costly_head_drafts_fewer() -> None:
     assert control.next_round().k == 4
 
 
-def test_k_climbs_one_measured_size_at_a_time() -> None:
-    """With only D(1) measured the first drafting round verifies 2 positions, whatever the
-    line through D(1) promises for more: a verifying call that costs 0.6 of a step a position
-    (as on the mid int8 package, where more positions read more experts) is measured at K = 1,
-    and a head right every time but costing 0.45 of a step is then never drafted from again
-    (K = 1..4 at acceptance 1: 0.98, 0.97, 0.96, 0.96). A cheap head climbs 1, 2, 3, 4."""
-    d = {n: 1.0 + 0.6 * (n - 1) for n in range(1, 6)}
-    chosen = run_rounds(DraftController(4), lambda i: True, 100, d, 0.45)
-    assert [k for k in chosen if k > 0] == [1]
-    assert [expected_rate(1.0, k, 1.0, d[k + 1], 0.45) < 1 for k in range(1, 5)] == [True] * 4
-    cheap = run_rounds(DraftController(4), lambda i: True, 12, d, 0.01)
-    assert [k for k in cheap if k > 0][:4] == [1, 2, 3, 4]
-
-
 def test_k_never_exceeds_k_max() -> None:
     control = DraftController(2)
     chosen = run_rounds(control, lambda i: i % 2 == 0, 50, {1: 1.0, 2: 1.0, 3: 1.0}, 0.01)

@@ -16,10 +16,6 @@ which is one failure; past rounds weigh `memory` times less per round; `prior` p
 and D and H from the measured call times (the median of the latest five calls of each size;
 a size's first call, often slow in onnxruntime, counts only until a second one is timed),
 and picks the K in 0..k_max with the best estimated rate. K = 0 is plain decoding (rate 1).
-K climbs: a round verifies at most one position more than the largest call measured so far,
-so a round never rests on a cost extrapolated further than one position (an int8 package's
-verifying calls cost more per position than the first line assumes, and a costly head was
-drafted at larger K on such estimates before they were measured).
 A call size not yet measured is interpolated between measured ones, or extrapolated along the
 line through the two largest (along `verify_slope` x D(1) per position while only D(1) is
 known): an MoE decoder's verifying call reads more experts per position, so it is never
@@ -158,11 +154,8 @@ class DraftController:
         return plan
 
     def _best_k(self) -> int:
-        """The K with the best estimated rate (the smaller on a tie), in 0..k_max and at most
-        the largest call size measured: K climbs one size at a time, so an extrapolated
-        verifying cost is only ever trusted one position beyond a measured one."""
-        reach = min(self.k_max, max(self.decoder_seconds, default=0))
-        return max(range(reach + 1), key=lambda c: (self.rate(c), -c))
+        """The K in 0..k_max with the best estimated rate (the smaller on a tie)."""
+        return max(range(self.k_max + 1), key=lambda c: (self.rate(c), -c))
 
     def _decoder(self, positions: int) -> float:
         """D(positions): measured; else interpolated linearly between the nearest measured
