@@ -1,0 +1,128 @@
+r"""Adaptive K: the library's DraftController against a variant policy, on the same packages,
+alternating rounds (docs/speculative.md, "Adaptive K").
+
+The variant tried here is the "climb": a round verifies at most one position more than the
+largest decoder call measured so far, so no round rests on a verifying cost extrapolated
+further than one position. It was meant to stop a costly head from being drafted at larger K
+on extrapolated costs (the int8 package's head-cost p = 0.85 mode). It is not in the library:
+this run measured it losing more on good drafters than it saved there.
+
+Per package (bench_speculative.py's mid packages, built in --workdir when missing) and mode
+(scripted drafters p = 0 .. 1, the package's own head, head-cost p = 0.85), each round times
+plain greedy and both policies' speculative_greedy (K up to 4, 32-token prompt, 48 new
+tokens), the policies' order alternating; the figures are medians of speed over plain.
+
+Usage:
+    python benchmarks/investigations/adaptive_policy_ab.py --workdir /tmp/policy_ab \
+        --packages f32,q8_0-int8 --rounds 4 --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_speculative
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: reference_fixtures
+import bench_speculative as bench  # noqa: E402
+
+from mobius_lite.bench.package_peer import session_options  # noqa: E402
+from mobius_lite.run.decoder_session import DecoderSession  # noqa: E402
+from mobius_lite.run.draft_control import DraftController  # noqa: E402
+from mobius_lite.run.greedy import greedy  # noqa: E402
+from mobius_lite.run.mtp_head import open_head  # noqa: E402
+from mobius_lite.run.ort_session import without_spinning  # noqa: E402
+from mobius_lite.run.speculative import speculative_greedy  # noqa: E402
+
+K_MAX = 4
+
+
+class Climb(DraftController):
+    """The variant: K at most the largest decoder call size measured so far."""
+
+    def _best_k(self) -> int:
+        reach = min(self.k_max, max(self.decoder_seconds, default=0))
+        return max(range(reach + 1), key=lambda c: (self.rate(c), -c))
+
+
+POLICIES: dict[str, type[DraftController]] = {"library": DraftController, "climb": Climb}
+
+
+def drafters(package: Path, known: np.ndarray, vocab: int) -> dict[str, Callable[[], Any]]:
+    """mode -> a fresh drafter (bench_speculative's scripted drafters and heads)."""
+    out: dict[str, Callable[[], Any]] = {
+        f"scripted p={p}": (lambda p=p: bench.scripted(known, vocab, p, 7))
+        for p in (0.0, 0.5, 0.7, 0.85, 1.0)
+    }
+    out["head"] = lambda: open_head(package, session_options=session_options(2))
+    out["head-cost p=0.85"] = lambda: bench.CostedScript(
+        open_head(package, session_options=session_options(2)),
+        bench.scripted(known, vocab, 0.85, 7),
+    )
+    return out
+
+
+def run_package(package: Path, rounds: int, threads: int) -> dict[str, dict[str, float]]:
+    options = without_spinning(session_options(threads))
+    decoder = DecoderSession(package / "model.onnx", session_options=options)
+    ids = np.random.default_rng(10).integers(3, decoder.vocab_size, size=(1, 32)).astype(np.int64)
+    plain_tokens = greedy(decoder, ids, 48).tokens  # warm-up and the reference
+    known = np.array([[*ids[0], *plain_tokens]])
+    modes = list(drafters(package, known, decoder.vocab_size).items())
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for r in range(rounds):
+        for mode, make in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            start = time.perf_counter()
+            greedy(decoder, ids, 48)
+            plain = time.perf_counter() - start
+            policies = list(POLICIES.items())
+            for name, policy in policies if r % 2 == 0 else policies[::-1]:
+                drafter = make()
+                start = time.perf_counter()
+                tokens, _ = speculative_greedy(
+                    decoder, drafter, ids, 48, K_MAX, adaptive=True, controller=policy(K_MAX)
+                )
+                seconds = time.perf_counter() - start
+                if tokens[0] != plain_tokens:
+                    raise AssertionError(f"{mode} under {name}: other tokens than plain greedy")
+                ratios.setdefault(mode, {}).setdefault(name, []).append(plain / seconds)
+    return {
+        mode: {name: round(statistics.median(v), 3) for name, v in by_policy.items()}
+        for mode, by_policy in ratios.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--packages", default="f32,q8_0-int8")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    names = args.packages.split(",")
+    missing = [n for n in names if not (args.workdir / n).exists()]
+    if missing:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        bench.build_packages(argparse.Namespace(workdir=args.workdir, size="mid", packages=missing))
+    report: dict[str, Any] = {"command": " ".join(sys.argv), "load_before": os.getloadavg()}
+    for name in names:
+        report[name] = run_package(args.workdir / name, args.rounds, args.threads)
+        print(name, json.dumps(report[name]), flush=True)
+    report["load_after"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
