@@ -3,10 +3,12 @@
 The reference is the decoder stepped one token per call. Under int8 activations a rounding
 difference anywhere before a kernel's activation quantization becomes whole quantization
 steps, so the verifying call must compute each of its positions bit for bit as a one-position
-step does: the experts run one row at a time in calls of up to the window's positions
-(components/row_by_row.py). onnxruntime's fused expert kernels otherwise sum a row's expert
-terms in an order that depends on the call's other rows (its threads split the active
-experts), so the model has several experts per token and the sessions two threads.
+step does. onnxruntime's fused expert kernels sum a row's expert terms in an order that
+depends on the call's other rows (its threads split the active experts), so on QMoE every
+(row, expert) pair is a row of its own and the graph adds a row's terms
+(components/moe_fused.pairs_apart); the run-time-picked paths run one row at a time in calls
+of up to the window's positions (components/row_by_row.py). The model has several experts per
+token and the sessions two threads.
 """
 
 from __future__ import annotations
@@ -73,13 +75,18 @@ def package(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return Built(request.param, built.save(root / "package", quiet=True))
 
 
-def test_experts_run_row_by_row(package: Built) -> None:
-    """The experts (on QMoE int8, or on the run-time-picked paths) inside a Loop; the
-    decoder records the window (generate --speculative warns without it)."""
+def test_each_row_computes_apart(package: Built) -> None:
+    """On QMoE every (row, expert) pair is a row of its own (k = 1; its terms added in the
+    graph), in the main graph, no Loop; the run-time-picked paths run inside a Loop, a row
+    per iteration. The decoder records the window (generate --speculative warns without it)."""
     model = onnx.load(str(package.path / "model.onnx"), load_external_data=False)
-    assert ("QMoE" in _ops(model.graph)) is (package.experts == "qmoe")
-    assert "QMoE" not in [n.op_type for n in model.graph.node]
-    assert "Loop" in [n.op_type for n in model.graph.node]
+    top = list(model.graph.node)
+    qmoe = [n for n in top if n.op_type == "QMoE"]
+    if package.experts == "qmoe":
+        assert qmoe and "Loop" not in [n.op_type for n in top]
+        assert all(a.i == 1 for n in qmoe for a in n.attribute if a.name == "k")
+    else:
+        assert "QMoE" not in _ops(model.graph) and "Loop" in [n.op_type for n in top]
     metadata = {prop.key: prop.value for prop in model.metadata_props}
     assert metadata[ROW_BY_ROW_WINDOW] == str(DEFAULT_WINDOW)
 

@@ -7,6 +7,9 @@ Used to price a graph change by building the same source at two commits
 Each package runs in a fresh process per round, the packages alternating from round to round;
 each process reports medians of its repeats and its peak RSS, each round the 1-minute load.
 
+A package without a head (no mtp.onnx) gets the decoder's figures only: an int8 package
+with a head runs its experts row by row in a Loop, one without has no Loop.
+
 Usage (packages with a head, e.g. bench_speculative.py's, built at two commits):
     python benchmarks/investigations/spec_call_costs.py --packages OLD,NEW --rounds 3 \
         --json OUT.json
@@ -63,6 +66,14 @@ def measure(package: Path, threads: int, repeats: int) -> dict[str, Any]:
         decoder.past, decoder.mask = dict(state[0]), state[1]
         decoder.step(fed, logits_to_keep=fed.shape[1])
 
+    decoder_figures = {
+        "prefill_ms": median_ms(prefill, repeats),
+        "step_ms": median_ms(lambda: from_prompt(token), repeats * 4),
+        "verify_4_ms": median_ms(lambda: from_prompt(np.repeat(token, VERIFY, 1)), repeats * 4),
+    }
+    if not (package / "mtp.onnx").is_file():  # a package without a head: the decoder's calls
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        return {**decoder_figures, "peak_rss_mib": rss}
     head = open_head(package, session_options=session_options(threads))
     head_input = np.concatenate([ids[:, 1:], token], axis=1)
 
@@ -79,9 +90,7 @@ def measure(package: Path, threads: int, repeats: int) -> dict[str, Any]:
         head.step(draft, hidden[:, -1:], np.ones((1, 1), np.int64), logits_to_keep=1)
 
     return {
-        "prefill_ms": median_ms(prefill, repeats),
-        "step_ms": median_ms(lambda: from_prompt(token), repeats * 4),
-        "verify_4_ms": median_ms(lambda: from_prompt(np.repeat(token, VERIFY, 1)), repeats * 4),
+        **decoder_figures,
         "head_catch_up_ms": median_ms(catch_up, repeats * 4),
         "head_draft_ms": median_ms(draft_call, repeats * 4),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,

@@ -40,11 +40,12 @@ class BuildContext:
 
     @property
     def row_window(self) -> int:
-        """Calls of up to this many positions (any batch) run the experts one row at a time
-        (components/row_by_row.py), 0: never. Under int8 activations a verifying call must
-        compute each position exactly as a one-position step does, or near-tied tokens differ
-        from plain decoding's; elsewhere the expert sums' rounding stays within the FP32
-        gates, and the verifying call keeps its one kernel call."""
+        """Experts computed so that a row does not depend on the call's other rows (fused
+        kernels: moe_fused.pairs_apart, in any call; other paths: components/row_by_row.py, in
+        calls of up to this many positions, any batch); 0: never. Under int8 activations a
+        verifying call must compute each position exactly as a one-position step does, or
+        near-tied tokens differ from plain decoding's; elsewhere the expert sums' rounding
+        stays within the FP32 gates, and the verifying call keeps its one kernel call."""
         return self.speculation_window if self.activations is Activations.INT8 else 0
 
     def notice(self, line: str) -> None:

@@ -15,7 +15,11 @@ from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float
 from mobius_lite.components.context import BuildContext, WeightedModule, fused_kernels
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
-from mobius_lite.components.moe_fused import dense_fused_experts, quantized_fused_experts
+from mobius_lite.components.moe_fused import (
+    dense_fused_experts,
+    pairs_apart,
+    quantized_fused_experts,
+)
 from mobius_lite.components.moe_scan import ExpertScan
 from mobius_lite.components.row_by_row import RowsFn, row_by_row
 from mobius_lite.configs.layers import MoESpec
@@ -158,13 +162,13 @@ class Experts(WeightedModule):
             return "moe"
         return None
 
-    def _fused(self, op: OpBuilder, route: str) -> RowsFn:
+    def _fused(self, op: OpBuilder, route: str, k: int | None = None) -> RowsFn:
         if route == "moe":
             up, down = (self._dense(a) for a in EXPERT_SLOTS)
-            return dense_fused_experts(op, self.spec, up, down)
+            return dense_fused_experts(op, self.spec, up, down, k)
         up, down = ((self._operands[a], self.slot_values(a)) for a in EXPERT_SLOTS)
         accuracy = self.ctx.activations.accuracy_level
-        return quantized_fused_experts(op, self.spec, up, down, accuracy)
+        return quantized_fused_experts(op, self.spec, up, down, accuracy, k)
 
     def _expert_bytes(self) -> int:
         """Bytes of one expert's up and down weights in the activation precision."""
@@ -222,14 +226,20 @@ class Experts(WeightedModule):
           iterations cost): Scan over all E experts, whose per-expert slices onnxruntime hands
           to the body without a copy; an If skips the unselected ones.
 
-        Under int8 activations with speculation windows, calls of up to the window's positions
-        (`sequence`, [1] int64; any batch) run the chosen path one row at a time
-        (BuildContext.row_window).
+        Under int8 activations with speculation windows (BuildContext.row_window) every row
+        must compute alike whatever the call's other rows chose: on the fused kernels every
+        (row, expert) pair is a row of its own (moe_fused.pairs_apart), in any call; the other
+        paths run one row at a time in calls of up to the window's positions (`sequence`,
+        [1] int64; any batch).
         """
         self._fold_output_scales(op)
         route = self._fused_route()
-        experts = self._selected if route is None else self._fused(op, route)
         window = self.ctx.row_window
+        if window and route is not None:
+            one_a_row = self._fused(op, route, k=1)
+            apart = pairs_apart(one_a_row, self.spec.num_experts_per_tok, self.input_size)
+            return apart(op, x, indices, weights)
+        experts = self._selected if route is None else self._fused(op, route)
         if not window:
             return experts(op, x, indices, weights)
         if sequence is None:

@@ -53,10 +53,12 @@ def doubled_rows(op: OpBuilder, up: ir.Value, n_experts: int, inner: int, width:
     return op.Reshape(twice, op.Constant(value_ints=[n_experts, 2 * inner, width]))
 
 
-def dense_fused_experts(op: OpBuilder, spec: MoESpec, up: ir.Value, down: ir.Value) -> RowsFn:
+def dense_fused_experts(
+    op: OpBuilder, spec: MoESpec, up: ir.Value, down: ir.Value, k: int | None = None
+) -> RowsFn:
     """The rows' sum_k w_k * relu2-expert_k(x) on the MoE kernel, f32 [rows, D] (module doc),
-    as a function of (op, x, indices, weights); fc1's doubled rows, a constant expression, are
-    made in `op`'s graph."""
+    as a function of (op, x, indices, weights) with `k` (default the spec's) experts a row;
+    fc1's doubled rows, a constant expression, are made in `op`'s graph."""
     e, inner, width = spec.n_routed_experts, spec.moe_intermediate_size, int(up.shape[-1])
     fc1 = doubled_rows(op, up, e, inner, width)
 
@@ -68,7 +70,7 @@ def dense_fused_experts(op: OpBuilder, spec: MoESpec, up: ir.Value, down: ir.Val
             fc1,
             None,
             down,
-            k=spec.num_experts_per_tok,
+            k=k or spec.num_experts_per_tok,
             normalize_routing_weights=0,
             use_sparse_mixer=0,
             **RELU2_AS_SWIGLU,
@@ -125,9 +127,11 @@ def quantized_fused_experts(
     fc1: tuple[FusedExperts, dict[str, ir.Value]],
     fc2: tuple[FusedExperts, dict[str, ir.Value]],
     accuracy_level: int,
+    k: int | None = None,
 ) -> RowsFn:
     """The rows' sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc),
-    as a function of (op, x, indices, weights); the operands (constant expressions of the
+    as a function of (op, x, indices, weights) with `k` (default the spec's) experts a row; the
+    operands (constant expressions of the
     parameters) are made in `op`'s graph. The kernel's input is fc1's `kernel_input` (Q4_K up
     appends its block sums: formats/ggml/relayout/qmoe_min_term.py)."""
     (up, up_params), (down, down_params) = fc1, fc2
@@ -143,7 +147,7 @@ def quantized_fused_experts(
             _scatter_rows(op, float("-inf"), e, indices, zeros),
             _scatter_rows(op, 0.0, e, indices, weights),
             *operands,
-            k=spec.num_experts_per_tok,
+            k=k or spec.num_experts_per_tok,
             fc1_bits=up.bits,
             fc2_bits=down.bits,
             block_size=up.block_size,
@@ -155,5 +159,29 @@ def quantized_fused_experts(
         # The kernel's output is as wide as its input: the appended columns' rows are zero.
         start, axis = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
         return typed(op.Slice(out, start, op.Shape(x, start=-1), axis), FLOAT, None)
+
+    return routed
+
+
+def pairs_apart(routed_one: RowsFn, k: int, width: int) -> RowsFn:
+    """The rows' sum_k w_k * expert_k(x) from a fused function built for one expert a row:
+    every (row, expert) pair becomes a row of its own, so the kernel sums no two terms of a row
+    (its threads' buffers each hold a pair's one term or zero), and the k terms are added here
+    in the selection's order. A row then computes alike whatever the call's other rows chose,
+    which the kernels' own sums do not guarantee (components/row_by_row.py says why)."""
+
+    def routed(op: OpBuilder, x: ir.Value, indices: ir.Value, weights: ir.Value) -> ir.Value:
+        pair_rows = op.Constant(value_ints=[-1, width])
+        each = op.Reshape(
+            op.Expand(op.Unsqueeze(x, [1]), op.Constant(value_ints=[1, k, 1])), pair_rows
+        )
+        column = op.Constant(value_ints=[-1, 1])
+        terms = routed_one(op, each, op.Reshape(indices, column), op.Reshape(weights, column))
+        stacked = op.Reshape(terms, op.Constant(value_ints=[-1, k, width]))
+        split = op.Split(stacked, axis=1, num_outputs=k, _outputs=k) if k > 1 else [stacked]
+        total = split[0]
+        for term in split[1:]:
+            total = op.Add(total, term)
+        return typed(op.Reshape(total, pair_rows), FLOAT, None)
 
     return routed

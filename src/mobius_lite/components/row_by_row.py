@@ -10,7 +10,9 @@ steps (1e-2 NRMSE in the logits: benchmarks/investigations/verify_vs_steps.py). 
 for the run-time-picked expert paths (one gathered matmul for a few rows, a Loop over experts
 for more: different summation orders).
 
-`row_by_row` wraps such a subgraph in a Loop whose iterations each take one row while the call
+The fused kernels avoid it without a Loop (moe_fused.pairs_apart: every (row, expert) pair a
+row of its own, cheaper on a verifying call); `row_by_row` serves the run-time-picked paths.
+It wraps such a subgraph in a Loop whose iterations each take one row while the call
 is short (at most the window's positions, whatever the batch: a plain step or a verifying
 call), and one iteration over all rows otherwise (a prefill, unchanged). The weights stay
 outer-scope values of one node, so onnxruntime prepacks them once.
