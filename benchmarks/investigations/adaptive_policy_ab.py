@@ -1,11 +1,12 @@
 r"""Adaptive K: the library's DraftController against a variant policy, on the same packages,
 alternating rounds (docs/speculative.md, "Adaptive K").
 
-The variant tried here is the "climb": a round verifies at most one position more than the
+Variants (--variant). The "climb": a round verifies at most one position more than the
 largest decoder call measured so far, so no round rests on a verifying cost extrapolated
 further than one position. It was meant to stop a costly head from being drafted at larger K
 on extrapolated costs (the int8 package's head-cost p = 0.85 mode). It is not in the library:
-this run measured it losing more on good drafters than it saved there.
+this run measured it losing more on good drafters than it saved there. The "margin": draft
+only when the best estimated rate beats plain steps by 5%.
 
 Per package (bench_speculative.py's mid packages, built in --workdir when missing) and mode
 (scripted drafters p = 0 .. 1, the package's own head, head-cost p = 0.85), each round times
@@ -14,7 +15,7 @@ tokens), the policies' order alternating; the figures are medians of speed over 
 
 Usage:
     python benchmarks/investigations/adaptive_policy_ab.py --workdir /tmp/policy_ab \
-        --packages f32,q8_0-int8 --rounds 4 --json OUT.json
+        --packages f32,q8_0-int8 --rounds 4 --variant climb --json OUT.json
 """
 
 from __future__ import annotations
@@ -55,7 +56,16 @@ class Climb(DraftController):
         return max(range(reach + 1), key=lambda c: (self.rate(c), -c))
 
 
-POLICIES: dict[str, type[DraftController]] = {"library": DraftController, "climb": Climb}
+class Margin(DraftController):
+    """The variant: draft only when the best estimated rate beats plain steps by 5%, so an
+    acceptance estimate that a run of right drafts lifted does not start rounds that lose."""
+
+    def _best_k(self) -> int:
+        best = super()._best_k()
+        return best if self.rate(best) > 1.05 else 0
+
+
+VARIANTS: dict[str, type[DraftController]] = {"climb": Climb, "margin": Margin}
 
 
 def drafters(package: Path, known: np.ndarray, vocab: int) -> dict[str, Callable[[], Any]]:
@@ -72,7 +82,9 @@ def drafters(package: Path, known: np.ndarray, vocab: int) -> dict[str, Callable
     return out
 
 
-def run_package(package: Path, rounds: int, threads: int) -> dict[str, dict[str, float]]:
+def run_package(
+    package: Path, rounds: int, threads: int, variant: str
+) -> dict[str, dict[str, float]]:
     options = without_spinning(session_options(threads))
     decoder = DecoderSession(package / "model.onnx", session_options=options)
     ids = np.random.default_rng(10).integers(3, decoder.vocab_size, size=(1, 32)).astype(np.int64)
@@ -85,7 +97,7 @@ def run_package(package: Path, rounds: int, threads: int) -> dict[str, dict[str,
             start = time.perf_counter()
             greedy(decoder, ids, 48)
             plain = time.perf_counter() - start
-            policies = list(POLICIES.items())
+            policies = [("library", DraftController), (variant, VARIANTS[variant])]
             for name, policy in policies if r % 2 == 0 else policies[::-1]:
                 drafter = make()
                 start = time.perf_counter()
@@ -106,6 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--packages", default="f32,q8_0-int8")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="climb")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
@@ -117,7 +130,7 @@ def main() -> None:
         bench.build_packages(argparse.Namespace(workdir=args.workdir, size="mid", packages=missing))
     report: dict[str, Any] = {"command": " ".join(sys.argv), "load_before": os.getloadavg()}
     for name in names:
-        report[name] = run_package(args.workdir / name, args.rounds, args.threads)
+        report[name] = run_package(args.workdir / name, args.rounds, args.threads, args.variant)
         print(name, json.dumps(report[name]), flush=True)
     report["load_after"] = os.getloadavg()
     if args.json:
