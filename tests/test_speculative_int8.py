@@ -115,6 +115,33 @@ def test_verifying_call_equals_steps_bit_for_bit(
     np.testing.assert_array_equal(call, np.stack(steps, axis=1))
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_rewound_state_is_the_steps_state_bit_for_bit(package: Built, batch: int) -> None:
+    """What a rejected draft leaves: for each kept prefix of a 5-position call, the decoder
+    cut back with keep_prefix (the windows' slot, the attention caches cut) holds exactly
+    the state that many one-position steps leave, every cache array bit for bit; so an
+    int8-activation decoder continues from a rewind as plain decoding does."""
+    positions = 5
+    decoder = DecoderSession(package.path / "model.onnx", session_options=options())
+    ids = np.random.default_rng(7 + batch).integers(3, decoder.vocab_size, size=(batch, PROMPT))
+    decoder.reset(batch)
+    decoder.step(ids.astype(np.int64), logits_to_keep=1)
+    state = dict(decoder.past), decoder.mask
+    fed = np.random.default_rng(batch).integers(3, decoder.vocab_size, size=(batch, positions))
+    call = decoder.step(fed, logits_to_keep=positions)
+    for kept in range(1, positions):
+        decoder.past, decoder.mask = dict(state[0]), state[1]
+        for j in range(kept):
+            decoder.step(fed[:, j : j + 1], logits_to_keep=1)
+        stepped = dict(decoder.past)
+        decoder.past, decoder.mask = dict(state[0]), state[1]
+        decoder.step(fed, logits_to_keep=positions)  # the call again: its caches, then the cut
+        assert decoder.keep_prefix(call, positions, kept)
+        assert set(decoder.past) == set(stepped)
+        for name, expected in stepped.items():
+            np.testing.assert_array_equal(decoder.past[name], expected, err_msg=f"{kept}: {name}")
+
+
 @pytest.mark.parametrize("k", [1, 3, 4])
 def test_speculative_tokens_equal_plain_greedy(package: Built, k: int) -> None:
     """A scripted head drafting the plain continuation, wrong at every fifth position

@@ -6,7 +6,8 @@ the same state after a prompt, this compares the logits of each position both wa
 then finds the first tensor whose first row differs between a one-position and a
 four-position call (every MatMulNBits / QMoE / Add / RMSNormalization input and output made a
 graph output), and repeats the comparison with every int8-activation kernel moved to
-accuracy_level 0 (f32 activations).
+accuracy_level 0 (f32 activations). With speculation windows it also compares each window
+slot (the Mamba state a rewind keeps) with the state one-position steps leave.
 
 Usage (a package built with a decoder that has no speculation windows or with them):
     python benchmarks/investigations/verify_vs_steps.py PACKAGE [--json OUT.json]
@@ -68,6 +69,28 @@ def steps_vs_call(path: Path, threads: int) -> list[float]:
     return [nrmse(multi[j], single[j]) for j in range(POSITIONS)]
 
 
+def windows_vs_steps(path: Path, threads: int) -> dict[str, list[float]] | None:
+    """Per state kind (conv_state, recurrent_state) and kept prefix j = 1..POSITIONS-1: the
+    largest absolute difference between the verifying call's window slot j - 1 (what a
+    rewind keeps) and the state j one-position steps leave; None without windows."""
+    decoder, token, state = prefilled(path, threads)
+    if not decoder.windows:
+        return None
+    tokens = np.array([[token] + [3 + i for i in range(POSITIONS - 1)]], dtype=np.int64)
+    call = decoder.step(tokens, logits_to_keep=POSITIONS)
+    worst: dict[str, list[float]] = {}
+    for kept in range(1, POSITIONS):
+        decoder.past, decoder.mask = dict(state[0]), state[1]
+        for j in range(kept):
+            decoder.step(tokens[:, j : j + 1], logits_to_keep=1)
+        for past_name, window_name in decoder.windows.items():
+            kind = past_name.rsplit(".", 1)[-1]
+            gap = float(np.abs(call[window_name][kept - 1] - decoder.past[past_name]).max())
+            row = worst.setdefault(kind, [0.0] * (POSITIONS - 1))
+            row[kept - 1] = max(row[kept - 1], gap)
+    return worst
+
+
 def first_divergence(package: Path, threads: int) -> dict[str, Any] | None:
     """The first probed tensor (graph order) whose first row differs between a one-position
     and a POSITIONS-position call from the same state."""
@@ -125,6 +148,9 @@ def main() -> None:
             "positions": POSITIONS,
             "logits_nrmse_call_vs_steps": steps_vs_call(args.package / DECODER_FILE, args.threads),
             "first_divergence": first_divergence(args.package, args.threads),
+            "window_slots_max_abs_vs_steps": windows_vs_steps(
+                args.package / DECODER_FILE, args.threads
+            ),
             "accuracy_level_0_logits_nrmse": steps_vs_call(plain, args.threads),
         }
     finally:

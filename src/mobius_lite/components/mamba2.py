@@ -25,7 +25,7 @@ from mobius_lite.components.state_window import (
     conv_window,
     kernel_past,
     kernel_presents,
-    ssm_window,
+    ssm_window_by_steps,
     windowed,
 )
 from mobius_lite.configs.layers import MambaSpec
@@ -173,7 +173,7 @@ class Mamba2Mixer(nn.Module):
             ]
             return out, present_conv, present_ssm, *slots
         windows = self._windows(
-            op, dims, past_conv, past_ssm, xbc_channels_first, key, value, decay
+            op, dims, past_conv, past_ssm, xbc_channels_first, (query, key, value, decay)
         )
         return out, present_conv, present_ssm, *windows
 
@@ -245,12 +245,28 @@ class Mamba2Mixer(nn.Module):
     ) -> tuple[ir.Value, ir.Value, ir.Value | None]:
         """The SSD recurrence on LinearAttention ("gated"): (y FP32, present SSM state in the
         cache dtype, its window from the state_window kernel or None)."""
+        past = kernel_past(op, to_float32(op, past_ssm), self.kernel)
+        y, present_ssm = self._linear_attention(op, query, key, value, decay, past, self.kernel)
+        present_ssm, slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
+        return y, cast_to(op, present_ssm, past_ssm.dtype), slots
+
+    def _linear_attention(
+        self,
+        op: OpBuilder,
+        query: ir.Value,
+        key: ir.Value,
+        value: ir.Value,
+        decay: ir.Value,
+        past: ir.Value,
+        state_window: int = 0,
+    ) -> tuple[ir.Value, ir.Value]:
+        """One LinearAttention ("gated") call as this mixer makes it: (y, present) FP32."""
         heads = self.spec.num_heads
-        y, present_ssm = op.LinearAttention(
+        y, present = op.LinearAttention(
             query,
             key,
             value,
-            kernel_past(op, to_float32(op, past_ssm), self.kernel),
+            past,
             decay,
             update_rule="gated",
             q_num_heads=heads,
@@ -258,11 +274,9 @@ class Mamba2Mixer(nn.Module):
             scale=1.0,
             _outputs=2,
             **(contrib_op(op) if self.contrib else {}),
-            **({"state_window": self.kernel} if self.kernel else {}),
+            **({"state_window": state_window} if state_window else {}),
         )
-        y, present_ssm = typed(y, FLOAT), typed(present_ssm, FLOAT)
-        present_ssm, slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
-        return y, cast_to(op, present_ssm, past_ssm.dtype), slots
+        return typed(y, FLOAT), typed(present, FLOAT)
 
     def _windows(
         self,
@@ -271,16 +285,20 @@ class Mamba2Mixer(nn.Module):
         past_conv: ir.Value,
         past_ssm: ir.Value,
         conv_input: ir.Value,
-        key: ir.Value,
-        value: ir.Value,
-        decay: ir.Value,
+        operands: tuple[ir.Value, ir.Value, ir.Value, ir.Value],
     ) -> list[ir.Value]:
-        """The conv and SSM state windows of a short call on standard ops
-        (components/state_window.py): conv_input [B, conv_dim, T] FP32, and the SSD
-        recurrence's key, value and decay."""
+        """The conv and SSM state windows of a short call (components/state_window.py):
+        conv_input [B, conv_dim, T] FP32, and the SSD recurrence's (query, key, value,
+        decay). The SSM slots come from one-position LinearAttention calls, the plain step's
+        own kernel, so each equals the state a plain step leaves bit for bit."""
         s = self.spec
         heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
         past_conv_f32, past_ssm_f32 = to_float32(op, past_conv), to_float32(op, past_ssm)
+
+        def step(op: OpBuilder, *one: ir.Value) -> ir.Value:
+            *qkv, decay, state_before = one
+            return self._linear_attention(op, *qkv, decay, state_before)[1]
+
         return windowed(
             op,
             dims.sequence,
@@ -291,6 +309,6 @@ class Mamba2Mixer(nn.Module):
             ],
             lambda op: [
                 conv_window(op, past_conv_f32, conv_input, s.conv_kernel),
-                ssm_window(op, past_ssm_f32, key, value, decay, heads, state, head_dim),
+                ssm_window_by_steps(op, past_ssm_f32, operands, step, (heads, state, head_dim)),
             ],
         )

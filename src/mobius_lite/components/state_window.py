@@ -13,10 +13,13 @@ The windows use standard ONNX ops only (any execution provider; onnxruntime 1.32
 kernels refuse `state_window > 0`):
 - conv: the state after position j is the last kernel - 1 inputs up to it, a sliding
   window over concat(past_conv, x), gathered;
-- SSM: the gated recurrence S_j = exp(g_j) S_{j-1} + k_j v_j^T in closed form over the
-  call, S_j = exp(sum_{l<=j} g_l) S_0 + sum_{i<=j} exp(sum_{i<l<=j} g_l) k_i v_i^T, with
-  the segment sums taken by a masked CumSum (no difference of long cumulative sums). At
-  most W positions: a [T, T] decay matrix and one batched MatMul per layer.
+- SSM: the state after each position from one-position calls of the recurrence kernel a
+  plain step makes, in a Loop over the call's positions (ssm_window_by_steps), so that a
+  slot equals the state plain decoding leaves bit for bit. A closed form over the call
+  (S_j = exp(sum g) S_0 + sum_i exp(segment sums) k_i v_i^T, one batched MatMul) was the
+  first design: 3-6e-11 from the steps' states on the mid int8 package, enough that an
+  int8-activation decoder rewound to a prefix could in principle continue otherwise than
+  plain decoding; the steps cost about 3% more on a 4-position verifying call there.
 
 The kernel route (`kernel_past` / `kernel_presents`, CUDA only, opt-in) asks onnxruntime's
 com.microsoft ops for the windows instead (their `state_window` attribute): the past state is
@@ -25,6 +28,8 @@ last min(T, W) slots, which for T <= W are the call's T positions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -56,45 +61,55 @@ def conv_window(op: OpBuilder, past: ir.Value, x: ir.Value, kernel: int) -> ir.V
     return op.Transpose(gathered, perm=[2, 0, 1, 3])
 
 
-def ssm_window(
+# (op, query, key, value, decay: one position each [B, 1, ...], state [B, H, N, P]) -> the
+# state after that position, as the call's own recurrence kernel computes it
+RecurrenceStep = Callable[[OpBuilder, ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], ir.Value]
+
+
+def ssm_window_by_steps(
     op: OpBuilder,
     past: ir.Value,
-    key: ir.Value,
-    value: ir.Value,
-    decay: ir.Value,
-    heads: int,
-    state: int,
-    head_dim: int,
+    operands: tuple[ir.Value, ir.Value, ir.Value, ir.Value],
+    step: RecurrenceStep,
+    state_shape: tuple[int, int, int],
 ) -> ir.Value:
-    """past [B, H, N, P]; key [B, T, H*N] (dt * B), value [B, T, H*P] (x), decay [B, T, H]
-    (dt * A), all FP32 -> [T, B, H, N, P]: the SSM state after each position."""
-    k = op.Transpose(op.Reshape(key, _ints(op, 0, 0, heads, state)), perm=[0, 2, 1, 3])
-    v = op.Transpose(op.Reshape(value, _ints(op, 0, 0, heads, head_dim)), perm=[0, 2, 1, 3])
-    g = op.Transpose(decay, perm=[0, 2, 1])  # [B, H, T]
-    length = op.Shape(decay, start=1, end=2)
-    positions = op.Range(
-        op.Constant(value=ir.tensor(0, dtype=INT64)),
-        op.Squeeze(length, _ints(op, 0)),
-        op.Constant(value=ir.tensor(1, dtype=INT64)),
+    """past [B, H, N, P] FP32; operands (query, key, value, decay) [B, T, ...] in the
+    recurrence kernel's layout -> [T, B, H, N, P]: the SSM state after each position, each
+    made by one one-position call of the kernel a plain step makes. So a slot equals the
+    state a plain step leaves bit for bit, which the closed form (ssm_window) does not
+    (3e-11 apart on the mid int8 package), and an int8-activation decoder continues from a
+    rewound prefix exactly as plain decoding does."""
+    length = op.Squeeze(op.Shape(operands[0], start=1, end=2), _ints(op, 0))
+    axis = _ints(op, 1)
+
+    def iteration(op: OpBuilder, position: ir.Value, cond: ir.Value, state: ir.Value):
+        start = op.Unsqueeze(position, _ints(op, 0))
+        end = op.Add(start, _ints(op, 1))
+        one = [op.Slice(value, start, end, axis) for value in operands]
+        after = step(op, *one, state)
+        return op.Identity(cond), after, op.Identity(after)
+
+    heads, state_size, head_dim = state_shape
+    shape = ir.Shape(["batch", heads, state_size, head_dim])
+    body = op.builder.subgraph(
+        iteration,
+        inputs=[
+            ir.Value(name="position", type=ir.TensorType(INT64), shape=ir.Shape([])),
+            ir.Value(name="cond_in", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
+            ir.Value(name="state_in", type=ir.TensorType(FLOAT), shape=shape),
+        ],
+        outputs=[
+            ir.Value(name="cond_out", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
+            ir.Value(name="state_out", type=ir.TensorType(FLOAT), shape=shape),
+            ir.Value(name="state_slot", type=ir.TensorType(FLOAT), shape=shape),
+        ],
+        name="ssm_steps",
     )
-    rows = op.Unsqueeze(positions, _ints(op, 1))  # j (or l)
-    cols = op.Unsqueeze(positions, _ints(op, 0))  # i
-    after = op.Cast(op.Greater(rows, cols), to=FLOAT)  # l > i
-    upto = op.Cast(op.GreaterOrEqual(rows, cols), to=FLOAT)  # i <= j
-    # segment[j, i] = sum over i < l <= j of g_l: g_l masked to l > i, summed over l <= j
-    terms = op.Mul(op.Unsqueeze(g, _ints(op, 3)), after)  # [B, H, T(l), T(i)]
-    segment = op.CumSum(terms, op.Constant(value=ir.tensor(2, dtype=INT64)))
-    weights = op.Mul(op.Exp(segment), upto)  # [B, H, T(j), T(i)]
-    # sum_i weights[j, i] k_i v_i^T: [B, H, T(j), N, T(i)] @ [B, H, 1, T(i), P]
-    weighted_keys = op.Mul(op.Unsqueeze(weights, _ints(op, 4)), op.Unsqueeze(k, _ints(op, 2)))
-    updates = op.MatMul(
-        op.Transpose(weighted_keys, perm=[0, 1, 2, 4, 3]), op.Unsqueeze(v, _ints(op, 2))
-    )
-    carried = op.Exp(op.CumSum(g, op.Constant(value=ir.tensor(2, dtype=INT64))))  # [B, H, T]
-    start = op.Mul(
-        op.Unsqueeze(carried, _ints(op, 3, 4)), op.Unsqueeze(past, _ints(op, 2))
-    )  # [B, H, T, N, P]
-    return op.Transpose(op.Add(start, updates), perm=[2, 0, 1, 3, 4])
+    true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
+    _, slots = op.Loop(length, true, past, body=body, _outputs=2)
+    slots.type = ir.TensorType(FLOAT)
+    slots.shape = ir.Shape(["window", "batch", heads, state_size, head_dim])
+    return slots
 
 
 def windowed(
