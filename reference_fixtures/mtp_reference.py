@@ -15,7 +15,7 @@ end, drafted) tokens, as Megatron / DeepSeek MTP train them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,23 @@ class _ConcatCache:
 
 def _tensor(value: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(value, dtype=np.float32))
+
+
+def _eager_norms(
+    tensors: Mapping[str, Any], prefix: str, attention_config: Any, moe_config: Any
+) -> Callable[[str], NemotronHRMSNorm]:
+    """Set both configs to transformers' eager attention / experts and return a loader of the
+    head's RMSNorm modules by tensor name (after `prefix`)."""
+    attention_config._attn_implementation = "eager"
+    moe_config._experts_implementation = "eager"
+    hidden, eps = attention_config.hidden_size, attention_config.layer_norm_epsilon
+
+    def norm(name: str) -> NemotronHRMSNorm:
+        module = NemotronHRMSNorm(hidden, eps)
+        module.weight.data = _tensor(tensors[prefix + name])
+        return module
+
+    return norm
 
 
 def _load_moe(moe: NemotronHMoE, tensors: Mapping[str, Any], prefix: str) -> None:
@@ -83,14 +100,7 @@ class MTPHeadReference:
     ) -> None:
         """tensors: the head's checkpoint tensors (names as released, `prefix` in front of
         `{i}.`); the configs give the attention block's and the MoE block's sizes."""
-        attention_config._attn_implementation = "eager"
-        moe_config._experts_implementation = "eager"
-        hidden, eps = attention_config.hidden_size, attention_config.layer_norm_epsilon
-
-        def norm(name: str) -> NemotronHRMSNorm:
-            module = NemotronHRMSNorm(hidden, eps)
-            module.weight.data = _tensor(tensors[prefix + name])
-            return module
+        norm = _eager_norms(tensors, prefix, attention_config, moe_config)
 
         self.enorm, self.hnorm = norm("0.enorm.weight"), norm("0.hnorm.weight")
         self.eh_proj = _tensor(tensors[prefix + "0.eh_proj.weight"])
@@ -159,14 +169,7 @@ class MTPDepthReference:
         lm_head: Any,
         prefix: str = "mtp.layers.",
     ) -> None:
-        attention_config._attn_implementation = "eager"
-        moe_config._experts_implementation = "eager"
-        hidden, eps = attention_config.hidden_size, attention_config.layer_norm_epsilon
-
-        def norm(name: str) -> NemotronHRMSNorm:
-            module = NemotronHRMSNorm(hidden, eps)
-            module.weight.data = _tensor(tensors[prefix + name])
-            return module
+        norm = _eager_norms(tensors, prefix, attention_config, moe_config)
 
         last = first + len(kinds) - 1
         self.enorm, self.hnorm = norm(f"{first}.enorm.weight"), norm(f"{first}.hnorm.weight")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript import OpBuilder, nn
 
-from mobius_lite.components.common import FLOAT, cast_to, relu_squared, to_float32
+from mobius_lite.components.common import FLOAT, cast_to, loop_body, relu_squared, to_float32
 from mobius_lite.components.context import BuildContext, WeightedModule, fused_kernels
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.mlp import ReLU2MLP
@@ -342,19 +342,7 @@ class Experts(WeightedModule):
             return op.Identity(cond), acc
 
         width = ir.Shape(["rows", self.input_size])
-        body_graph = op.builder.subgraph(
-            body,
-            inputs=[
-                ir.Value(name="step", type=ir.TensorType(INT64), shape=ir.Shape([])),
-                ir.Value(name="cond_in", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-                ir.Value(name="acc_in", type=ir.TensorType(FLOAT), shape=width),
-            ],
-            outputs=[
-                ir.Value(name="cond_out", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-                ir.Value(name="acc_out", type=ir.TensorType(FLOAT), shape=width),
-            ],
-            name="experts_loop_body",
-        )
+        body_graph = loop_body(op, body, [("acc", FLOAT, width)], [], "experts_loop_body")
         true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
         return op.Loop(trip_count, true, zeros, body=body_graph)
 

@@ -25,6 +25,8 @@ from collections.abc import Callable
 import onnx_ir as ir
 from onnxscript import OpBuilder
 
+from mobius_lite.components.common import loop_body
+
 INT64 = ir.DataType.INT64
 
 # (op, *row-sliced inputs) -> the rows' outputs [rows, width]
@@ -56,20 +58,10 @@ def row_by_row(
         sliced = [op.Slice(value, start, end, axis) for value in inputs]
         return op.Identity(cond), body(op, *sliced)
 
-    loop_body = op.builder.subgraph(
-        iteration,
-        inputs=[
-            ir.Value(name="step", type=ir.TensorType(INT64), shape=ir.Shape([])),
-            ir.Value(name="cond_in", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-        ],
-        outputs=[
-            ir.Value(name="cond_out", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-            ir.Value(name="rows_out", type=ir.TensorType(dtype), shape=ir.Shape(["chunk", width])),
-        ],
-        name=name,
-    )
+    rows_out = ("rows_out", dtype, ir.Shape(["chunk", width]))
+    body_graph = loop_body(op, iteration, carried=[], scanned=[rows_out], name=name)
     true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
-    stacked = op.Loop(trips, true, body=loop_body)  # [trips, chunk, width]
+    stacked = op.Loop(trips, true, body=body_graph)  # [trips, chunk, width]
     out = op.Reshape(stacked, op.Constant(value_ints=[-1, width]))
     out.type = ir.TensorType(dtype)
     out.shape = ir.Shape(["rows", width])

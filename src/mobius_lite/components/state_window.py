@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import OpBuilder
 
-from mobius_lite.components.common import FLOAT, cast_to
+from mobius_lite.components.common import FLOAT, cast_to, loop_body
 
 INT64 = ir.DataType.INT64
 # The most positions a verifying call may cover and still get its windows: K drafts + 1.
@@ -91,19 +91,8 @@ def ssm_window_by_steps(
 
     heads, state_size, head_dim = state_shape
     shape = ir.Shape(["batch", heads, state_size, head_dim])
-    body = op.builder.subgraph(
-        iteration,
-        inputs=[
-            ir.Value(name="position", type=ir.TensorType(INT64), shape=ir.Shape([])),
-            ir.Value(name="cond_in", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-            ir.Value(name="state_in", type=ir.TensorType(FLOAT), shape=shape),
-        ],
-        outputs=[
-            ir.Value(name="cond_out", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])),
-            ir.Value(name="state_out", type=ir.TensorType(FLOAT), shape=shape),
-            ir.Value(name="state_slot", type=ir.TensorType(FLOAT), shape=shape),
-        ],
-        name="ssm_steps",
+    body = loop_body(
+        op, iteration, [("state", FLOAT, shape)], [("state_slot", FLOAT, shape)], "ssm_steps"
     )
     true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
     _, slots = op.Loop(length, true, past, body=body, _outputs=2)
