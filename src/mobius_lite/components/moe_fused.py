@@ -130,10 +130,10 @@ def quantized_fused_experts(
     k: int | None = None,
 ) -> RowsFn:
     """The rows' sum_k w_k * relu2-expert_k(x) on the QMoE kernel, f32 [rows, D] (module doc),
-    as a function of (op, x, indices, weights) with `k` (default the spec's) experts a row; the
-    operands (constant expressions of the
-    parameters) are made in `op`'s graph. The kernel's input is fc1's `kernel_input` (Q4_K up
-    appends its block sums: formats/ggml/relayout/qmoe_min_term.py)."""
+    as a function of (op, x, indices, weights) with `k` (default the spec's) experts a row;
+    the operands (constant expressions of the parameters) are made in `op`'s graph. The
+    kernel's input is fc1's `kernel_input` (Q4_K up appends its block sums:
+    formats/ggml/relayout/qmoe_min_term.py)."""
     (up, up_params), (down, down_params) = fc1, fc2
     e = spec.n_routed_experts
     operands = up.operands(op, up_params), down.operands(op, down_params)
