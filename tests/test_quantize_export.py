@@ -397,7 +397,9 @@ def test_quantize_options_are_checked_before_anything_is_read(
 
 @pytest.mark.slow
 def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
-    """Omni's reference (language model and MTP head) reads the dequantized weights."""
+    """Omni's reference (language model and MTP head) reads the dequantized weights; the
+    quantization's own error against the unquantized source is reported beside, as for text."""
+    from mobius_lite.evaluation.metrics import FP32_NRMSE
     from mobius_lite.evaluation.qualify import qualify
     from reference_fixtures.mtp_fixtures import write_omni_mtp_checkpoint
 
@@ -409,6 +411,11 @@ def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
     statuses = {name: v.status for name, v in report.verdicts.items()}
     assert "mtp_head" in statuses
     assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
+    # the quantization's own error against the unquantized source: reported, not gated, and
+    # beyond the FP32 gates (the graph is held to its dequantized weights by the verdicts)
+    error = report.run["quantization_error"]
+    assert error["gated"] is False and len(error["steps"]) == 3  # prefill + 2 decode steps
+    assert FP32_NRMSE < error["logits_nrmse_max"] < 10
 
 
 def test_a_modelopt_source_is_refused_with_one_line(

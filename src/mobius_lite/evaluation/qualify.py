@@ -38,7 +38,6 @@ from mobius_lite.evaluation.instrument import (
     external_data_session_options,
     instrument,
 )
-from mobius_lite.evaluation.metrics import compare
 from mobius_lite.evaluation.qualify_output import is_used, replacing
 from mobius_lite.evaluation.qualify_report import (
     ARRAYS_FILE,
@@ -547,7 +546,7 @@ def _references(
                     inputs.kind,
                     inputs.source_raw,
                 )
-                quantization = _quantization_error(ours, unquantized)
+                quantization = scoring.quantization_error(ours, unquantized)
         except Exception as exc:  # evidence for the report, never a traceback
             reference, facts = {}, {"error": f"{type(exc).__name__}: {exc}"[:1000]}
         if inputs.config.has_mtp_head:
@@ -569,26 +568,6 @@ def _references(
             ours.update(head_ours)
             reference.update(head_reference)
     return reference, facts, quantization, head_facts
-
-
-def _quantization_error(
-    ours: dict[str, np.ndarray], unquantized: dict[str, np.ndarray]
-) -> dict[str, Any]:
-    """The package's logits against transformers on the unquantized source: the quantization's
-    own error, reported beside the verdicts and never gated (the verdicts hold the graph to
-    its dequantized weights)."""
-    steps = []
-    for name in sorted(n for n in ours if n.endswith("/logits") and n in unquantized):
-        c = compare(name, ours[name], unquantized[name])
-        steps.append({"array": name, "nrmse": c.nrmse, "cosine": c.cosine, "finite": c.finite})
-    nrmse = [s["nrmse"] for s in steps]
-    return {
-        "against": "transformers on the unquantized source checkpoint (torch FP32)",
-        "gated": False,
-        "logits_nrmse_mean": float(np.mean(nrmse)) if nrmse else None,
-        "logits_nrmse_max": float(np.max(nrmse)) if nrmse else None,
-        "steps": steps,
-    }
 
 
 def _run_facts(

@@ -266,6 +266,16 @@ def qualify_omni_verdicts(
             request = ReferenceRequest(source_dir, raw, Path(tmp), recipes=recipes)
             reference_dir = kind.reference_checkpoint()(request)
             ours, ref, names, facts = omni_runs(package_dir, reference_dir, steps, providers, say)
+            quantization = None
+            if recipes:  # quantized at export: the quantization's own error, not gated
+                say("running the unquantized source, for the quantization's own error")
+                (Path(tmp) / "unquantized").mkdir()
+                request = ReferenceRequest(source_dir, raw, Path(tmp) / "unquantized")
+                unquantized_dir = kind.reference_checkpoint()(request)
+                unquantized = omni_runs(package_dir, unquantized_dir, steps, providers, say)[1]
+                quantization = scoring.quantization_error(
+                    split_head_arrays(ours)[0], split_head_arrays(unquantized)[0]
+                )
     except Exception as exc:  # a run that breaks is evidence, reported, never a traceback
         reference = _raised_by_reference(exc)
         where = "the reference (transformers)" if reference else "the package"
@@ -283,6 +293,8 @@ def qualify_omni_verdicts(
     )
     verdicts["generation"] = scoring.score_generation(decoder_ours, decoder_ref, names)
     run = {"steps": names, "execution_order": order, "omni": facts}
+    if quantization is not None:
+        run["quantization_error"] = quantization
     decoder = verdicts["graph_validity"].evidence.get(GraphRole.DECODER.value, {})
     kernels = decoder.get("checker", {}).get("int8_activation_kernels", 0)
     if kernels:  # --activations int8: reported with the measured figures, not gated

@@ -364,3 +364,23 @@ def not_gated(verdict: Verdict, kernels: int) -> Verdict:
     )
     evidence = {**verdict.evidence, "gated_status": verdict.status}
     return Verdict(NOT_GATED, summary, evidence)
+
+
+def quantization_error(
+    ours: dict[str, np.ndarray], unquantized: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """The package's logits against transformers on the unquantized source: the quantization's
+    own error, reported beside the verdicts and never gated (the verdicts hold the graph to
+    its dequantized weights)."""
+    steps = []
+    for name in sorted(n for n in ours if n.endswith("/logits") and n in unquantized):
+        c = compare(name, ours[name], unquantized[name])
+        steps.append({"array": name, "nrmse": c.nrmse, "cosine": c.cosine, "finite": c.finite})
+    nrmse = [s["nrmse"] for s in steps]
+    return {
+        "against": "transformers on the unquantized source checkpoint (torch FP32)",
+        "gated": False,
+        "logits_nrmse_mean": float(np.mean(nrmse)) if nrmse else None,
+        "logits_nrmse_max": float(np.max(nrmse)) if nrmse else None,
+        "steps": steps,
+    }
