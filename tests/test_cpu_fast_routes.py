@@ -214,6 +214,50 @@ def test_qmoe_4bit_accuracy0_swiglu_form_is_relu2() -> None:
     assert result.passes(FP32_NRMSE, FP32_COSINE), result
 
 
+def test_cpu_qmoe_refuses_swiglu_with_a_separate_fc3() -> None:
+    """The SwiGLU form of ReLU^2 with fc3 given as fc1's own initializer (swiglu_fusion 0)
+    would store and read the up rows once instead of twice. onnxruntime 1.32's CPU QMoE
+    refuses it at session creation, so the package repeats the rows in fc1
+    (docs/cpu_routes.md). If this fails, the kernel changed: measure that form
+    (benchmarks/investigations/cpu_kernel_gaps.py records the refusal)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mobius_lite.formats.contrib import CONTRIB_DOMAIN, CONTRIB_OPSET
+
+    e, d, i = 2, 32, 32
+    node = helper.make_node(
+        "QMoE", ["x", "probs", "up", "s", "", "down", "s", "", "up", "s", ""], ["y"],
+        domain=CONTRIB_DOMAIN, k=1, expert_weight_bits=8, activation_type="swiglu",
+        swiglu_fusion=0, activation_alpha=1e30, activation_beta=0.0,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "fc3",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, d]),
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, e]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, d])],
+        [
+            numpy_helper.from_array(np.zeros((e, i, d), np.uint8), "up"),
+            numpy_helper.from_array(np.zeros((e, d, i), np.uint8), "down"),
+            numpy_helper.from_array(np.ones((e, i, 1), np.float32), "s"),
+        ],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", 21),
+            helper.make_opsetid(CONTRIB_DOMAIN, CONTRIB_OPSET),
+        ],
+    )
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    with pytest.raises(Exception, match="swiglu_fusion=1"):
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 @pytest.mark.parametrize(
     ("type_up", "type_down", "accuracy"),
     [

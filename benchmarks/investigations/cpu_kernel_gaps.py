@@ -16,7 +16,14 @@ oracle) and re-laid losslessly by mobius_lite's MatMulNBits relayout:
           kernels. Both lack ReLU^2 on CPU (the script records their refusal of relu2), so
           the "-relu" variants run with ReLU, and the "-relu2" variants run ReLU^2 exactly in
           the SwiGLU form the package emits (components/moe_fused.py: fc1 rows twice,
-          alpha 1e30, beta 0), against a ReLU^2 reference.
+          alpha 1e30, beta 0), against a ReLU^2 reference. "q8_0-gathered-relu2" reads fc1
+          once another way: the selected experts' packed rows gathered at run time into
+          one MatMulNBits weight for fc1 and one for fc2 (their K axes joined), ReLU^2
+          between (MatMulNBits takes a weight that is not a constant).
+
+The script also records what the CPU kernels say at session creation to the two other
+forms that would read fc1 once: activation_type relu2, and SwiGLU with a separate fc3
+(swiglu_fusion 0) that is fc1's own initializer.
 
 Each variant runs in its own fresh process, order rotating over --rounds; the error is the
 largest absolute difference to a float64 product over gguf-py's dequantized weights (ReLU for
@@ -25,6 +32,8 @@ the experts), divided by the largest reference value.
 Usage:
     python benchmarks/investigations/cpu_kernel_gaps.py --threads 2 --rounds 3 \
         --json benchmarks/investigations/runs/cpu_kernel_gaps.json
+    python benchmarks/investigations/cpu_kernel_gaps.py --threads 2 --rounds 5 \
+        --variants q8_0-qmoe-relu2,q8_0-gathered-relu2 --json OUT.json
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ EXPERTS = {
     "q4_0-qmoe-relu2-acc0": ("Q4_0", 0),
     "q4_0-qmoe-relu2-acc4": ("Q4_0", 4),
     "q8_0-qmoe-relu2": ("Q8_0", 0),
+    "q8_0-gathered-relu2": ("Q8_0", 4),
 }
 
 
@@ -296,15 +306,74 @@ def _experts_layer(name: str, layer: int, shapes: Shapes, rng: np.random.Generat
     return node, inits, values[0], values[1], nbytes
 
 
+def _gathered_layer(layer: int, shapes: Shapes, rng: np.random.Generator) -> tuple:
+    """(nodes, initializers, up values, down values, bytes) of one layer whose selected experts
+    are gathered from the packed Q8_0 rows at run time: fc1 as one [k * inner, hidden]
+    MatMulNBits weight, fc2 as one [hidden, k * inner] weight (each expert's K blocks side by
+    side), so each selected expert's up rows are read once. TopK of the routing input gives
+    the experts and their log weights (run_experts feeds log weights, -inf elsewhere)."""
+    from onnx import helper, numpy_helper
+
+    e, hidden, inner, k = shapes.experts, shapes.hidden, shapes.inner, shapes.per_token
+    up = rng.standard_normal((e, inner, hidden), dtype=np.float32) * 0.03
+    down = rng.standard_normal((e, hidden, inner), dtype=np.float32) * 0.03
+    fc1 = [_quantized(expert, "Q8_0") for expert in up]
+    fc2 = [_quantized(expert, "Q8_0") for expert in down]
+    # fc1 [E, inner, blocks, 32]; fc2 [hidden, E, blocks, 32]: Gather on axis 1 joins K
+    up_b = np.stack([p.b.reshape(inner, hidden // 32, 32) for p, _ in fc1])
+    up_s = np.stack([p.scales.reshape(inner, -1) for p, _ in fc1]).astype(np.float32)
+    down_b = np.stack([p.b.reshape(hidden, inner // 32, 32) for p, _ in fc2], axis=1)
+    down_s = np.stack([p.scales.reshape(hidden, -1) for p, _ in fc2], axis=1)
+    n = f"l{layer}_"
+    consts = {
+        "up": up_b, "up_s": up_s, "down": down_b, "down_s": down_s.astype(np.float32),
+        "k": np.array([k], np.int64), "up_shape": np.array([k * inner, hidden // 32, 32]),
+        "up_s_shape": np.array([-1]), "down_shape": np.array([hidden, k * inner // 32, 32]),
+        "weights_shape": np.array([1, k, -1]), "row_shape": np.array([1, k * inner]),
+    }  # fmt: skip
+    inits = [numpy_helper.from_array(np.asarray(v), n + key) for key, v in consts.items()]
+    common = {"domain": CONTRIB_DOMAIN, "bits": 8, "block_size": 32, "accuracy_level": 4}
+    nodes = [
+        helper.make_node("TopK", ["probs", n + "k"], [n + "logw", n + "ids"], axis=1),
+        helper.make_node("Squeeze", [n + "ids"], [n + "sel"]),
+        helper.make_node("Gather", [n + "up", n + "sel"], [n + "g1"], axis=0),
+        helper.make_node("Gather", [n + "up_s", n + "sel"], [n + "g1s"], axis=0),
+        helper.make_node("Reshape", [n + "g1", n + "up_shape"], [n + "b1"]),
+        helper.make_node("Reshape", [n + "g1s", n + "up_s_shape"], [n + "s1"]),
+        helper.make_node("MatMulNBits", ["x", n + "b1", n + "s1"], [n + "h"],
+                         K=hidden, N=k * inner, **common),
+        helper.make_node("Relu", [n + "h"], [n + "r"]),
+        helper.make_node("Mul", [n + "r", n + "r"], [n + "a"]),
+        helper.make_node("Exp", [n + "logw"], [n + "w"]),
+        helper.make_node("Reshape", [n + "a", n + "weights_shape"], [n + "a3"]),
+        helper.make_node("Unsqueeze", [n + "w", n + "up_s_shape"], [n + "w3"]),
+        helper.make_node("Mul", [n + "a3", n + "w3"], [n + "aw3"]),
+        helper.make_node("Reshape", [n + "aw3", n + "row_shape"], [n + "aw"]),
+        helper.make_node("Gather", [n + "down", n + "sel"], [n + "g2"], axis=1),
+        helper.make_node("Gather", [n + "down_s", n + "sel"], [n + "g2s"], axis=1),
+        helper.make_node("Reshape", [n + "g2", n + "down_shape"], [n + "b2"]),
+        helper.make_node("Reshape", [n + "g2s", n + "up_s_shape"], [n + "s2"]),
+        helper.make_node("MatMulNBits", [n + "aw", n + "b2", n + "s2"], [f"y{layer}"],
+                         K=k * inner, N=hidden, **common),
+    ]  # fmt: skip
+    values = (np.stack([v for _, v in fc1]), np.stack([v for _, v in fc2]))
+    return nodes, inits, *values, up_b.nbytes + up_s.nbytes + down_b.nbytes + down_s.nbytes
+
+
 def run_experts(name: str, shapes: Shapes, threads: int, seconds: float, footprint: int) -> dict:
     """One decode row through independent layers of stacked experts (enough layers that
     their weights exceed `footprint`), each call choosing other experts; time per layer."""
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(0)
-    first = _experts_layer(name, 0, shapes, rng)
+    make = (
+        (lambda i: _gathered_layer(i, shapes, rng))
+        if "gathered" in name
+        else (lambda i: _experts_layer(name, i, shapes, rng))
+    )
+    first = make(0)
     layers = _copies(first[4], footprint)
-    parts = [first] + [_experts_layer(name, i, shapes, rng) for i in range(1, layers)]
+    parts = [first] + [make(i) for i in range(1, layers)]
     x = rng.standard_normal((1, shapes.hidden), dtype=np.float32)
     routings = []
     for _ in range(16):  # routing that changes from call to call, as decode steps do
@@ -326,7 +395,8 @@ def run_experts(name: str, shapes: Shapes, threads: int, seconds: float, footpri
         helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(layers)
     ]
     inits = [t for part in parts for t in part[1]]
-    session = _session([part[0] for part in parts], inputs, outputs, inits, threads)
+    nodes = [n for part in parts for n in (part[0] if isinstance(part[0], list) else [part[0]])]
+    session = _session(nodes, inputs, outputs, inits, threads)
     chosen, gate = routings[0]
     out, wall = _timed(session, feeds, seconds)
     up, down = first[2], first[3]
@@ -379,6 +449,36 @@ def relu2_refusals(threads: int) -> dict[str, str]:
     return said
 
 
+def separate_fc3_refusal(threads: int) -> str:
+    """What the CPU QMoE kernel says to SwiGLU with a separate fc3 (swiglu_fusion 0) that is
+    fc1's own initializer: the form that would store and read the up rows once."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    e, d, i = 2, 32, 32
+    inits = [
+        numpy_helper.from_array(np.zeros((e, i, d), np.uint8), "up"),
+        numpy_helper.from_array(np.zeros((e, d, i), np.uint8), "down"),
+        numpy_helper.from_array(np.ones((e, i, 1), np.float32), "s"),
+    ]
+    node = helper.make_node(
+        "QMoE", ["x", "probs", "up", "s", "", "down", "s", "", "up", "s", ""], ["y"],
+        domain=CONTRIB_DOMAIN, k=1, expert_weight_bits=8, activation_type="swiglu",
+        swiglu_fusion=0, activation_alpha=1e30, activation_beta=0.0,
+    )  # fmt: skip
+    io = (
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, d]),
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, e]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, d])],
+    )
+    try:
+        _session([node], *io, inits, threads, log_level=4)
+        return "accepted"
+    except Exception as error:  # onnxruntime raises its own Fail type
+        return str(error).strip().splitlines()[-1][-200:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -396,6 +496,9 @@ def main() -> None:
     parser.add_argument("--experts-per-token", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--inner", type=int, default=512, help="moe_intermediate_size")
+    parser.add_argument(
+        "--variants", help="comma-separated variant names (default: every matvec and experts one)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -408,6 +511,11 @@ def main() -> None:
         return
 
     names = [*MATVEC, *EXPERTS]
+    if args.variants:
+        unknown = set(args.variants.split(",")) - set(names)
+        if unknown:
+            parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(names)}")
+        names = args.variants.split(",")
     forwarded = sys.argv[1:]  # a child returns before --json is read
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
@@ -433,6 +541,8 @@ def main() -> None:
     refusals = relu2_refusals(args.threads)
     for op, said in refusals.items():
         print(f"{op} with activation_type=relu2 on CPU: {said}")
+    fc3 = separate_fc3_refusal(args.threads)
+    print(f"QMoE SwiGLU with fc3 = fc1 (swiglu_fusion 0) on CPU: {fc3}")
     result = {
         "command": " ".join(
             ["python", "benchmarks/investigations/cpu_kernel_gaps.py", *sys.argv[1:]]
@@ -442,6 +552,7 @@ def main() -> None:
         "shapes": shapes.__dict__,
         "median_over_rounds": summary,
         "relu2_on_cpu": refusals,
+        "separate_fc3_on_cpu": fc3,
         "rounds": rounds,
     }
     if args.json:

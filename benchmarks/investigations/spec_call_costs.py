@@ -1,6 +1,9 @@
 r"""The calls speculative decoding is made of, timed per package: the decoder's prefill, its
 one-position step and a verifying call over 4 positions, and the head's catch-up over the
-prompt and its one-position draft call (both `logits_to_keep` 1, as run/speculative.py asks).
+prompt, its one-position draft call (both `logits_to_keep` 1, as run/speculative.py asks), and
+its calls over 1 to 4 positions after the prompt (what one more position costs a call: a
+chain of distinct depths re-runs each depth's accepted speculative entries in its next
+catch-up call, run/mtp_depths.py).
 Used to price a graph change by building the same source at two commits
 (docs/speculative.md: the int8 experts row by row; the head's MoE on kept positions only).
 
@@ -89,10 +92,20 @@ def measure(package: Path, threads: int, repeats: int) -> dict[str, Any]:
         head.past, head.mask = after_catch_up
         head.step(draft, hidden[:, -1:], np.ones((1, 1), np.int64), logits_to_keep=1)
 
+    def head_call(positions: int) -> None:
+        """A call over a few positions after the prompt, as a round's first draft (or a
+        depth's catch-up in a chain of distinct depths) makes it."""
+        head.past, head.mask = after_catch_up
+        fed = np.repeat(draft, positions, 1)
+        head.step(fed, np.repeat(hidden[:, -1:], positions, 1), np.ones_like(fed), logits_to_keep=1)
+
     return {
         **decoder_figures,
         "head_catch_up_ms": median_ms(catch_up, repeats * 4),
         "head_draft_ms": median_ms(draft_call, repeats * 4),
+        "head_call_ms_by_positions": {
+            n: median_ms(lambda n=n: head_call(n), repeats * 4) for n in (1, 2, 3, 4)
+        },
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
     }
 
