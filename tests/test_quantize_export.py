@@ -396,26 +396,108 @@ def test_quantize_options_are_checked_before_anything_is_read(
 
 
 @pytest.mark.slow
-def test_qualify_an_omni_package_quantized_at_export(tmp_path: Path) -> None:
+def test_qualify_an_omni_package_quantized_at_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Omni's reference (language model and MTP head) reads the dequantized weights; the
-    quantization's own error against the unquantized source is reported beside, as for text."""
+    quantization's own error against the unquantized source is reported beside, as for text.
+    The package runs once; the dequantized reference (and its head) once, for the verdicts,
+    and the unquantized source once, for the quantization's error."""
+    from mobius_lite.evaluation import mtp_reference, reference
     from mobius_lite.evaluation.metrics import FP32_NRMSE
     from mobius_lite.evaluation.qualify import qualify
+    from mobius_lite.run.omni_session import OmniSession
     from reference_fixtures.mtp_fixtures import write_omni_mtp_checkpoint
 
-    checkpoint, _, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
+    checkpoint, model, _ = write_omni_mtp_checkpoint(tmp_path / "checkpoint")
     out = tmp_path / "pkg"
     args = ["build", "--model", str(checkpoint), "--output", str(out), "-q"]
     assert main([*args, "--quantize", "q8_0"]) == 0
+    calls: dict[str, list[Any]] = {"sessions": [], "prepares": [], "loads": [], "heads": []}
+    monkeypatch.setattr(OmniSession, "__init__", _counted(OmniSession.__init__, calls["sessions"]))
+    monkeypatch.setattr(OmniSession, "prepare", _counted(OmniSession.prepare, calls["prepares"]))
+    monkeypatch.setattr(
+        reference, "load_reference", _counted(reference.load_reference, calls["loads"])
+    )
+    monkeypatch.setattr(
+        mtp_reference, "MtpReference", _counted(mtp_reference.MtpReference, calls["heads"])
+    )
     report = qualify(out, checkpoint, steps=2, output=tmp_path / "report")
     statuses = {name: v.status for name, v in report.verdicts.items()}
     assert "mtp_head" in statuses
     assert statuses == dict.fromkeys(statuses, "PASS"), report.verdicts
+    assert len(calls["sessions"]) == 1 and len(calls["prepares"]) == 1  # the package: once
+    loaded = [Path(args[0]) for args in calls["loads"]]  # the dequantized copy, then the source
+    assert len(loaded) == 2 and loaded[0] != checkpoint and loaded[1] == checkpoint
+    assert len(calls["heads"]) == 1  # the reference head reads the dequantized copy only
     # the quantization's own error against the unquantized source: reported, not gated, and
     # beyond the FP32 gates (the graph is held to its dequantized weights by the verdicts)
     error = report.run["quantization_error"]
     assert error["gated"] is False and len(error["steps"]) == 3  # prefill + 2 decode steps
     assert FP32_NRMSE < error["logits_nrmse_max"] < 10
+    # and it is the relative L2 error of the package's logits (onnxruntime, run here) against
+    # the fixture's own transformers model (the unquantized source), each fed its own tokens
+    expected = _omni_logits_error(out, model, steps=2)
+    reported = {step["array"]: step["nrmse"] for step in error["steps"]}
+    assert reported.keys() == expected.keys()
+    for name, nrmse in expected.items():
+        assert reported[name] == pytest.approx(nrmse, rel=1e-6), name
+    assert error["logits_nrmse_max"] == pytest.approx(max(expected.values()), rel=1e-6)
+
+
+def _counted(function: Any, calls: list[Any]) -> Any:
+    """`function`, recording the arguments of every call into `calls`."""
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return function(*args, **kwargs)
+
+    return counted
+
+
+def _omni_logits_error(package: Path, model: Any, steps: int) -> dict[str, float]:
+    """||ours - theirs|| / ||theirs|| of the logits at the prefill of qualify's two-image
+    prompt and `steps` greedy steps: the package through OmniSession, `model` in torch."""
+    import torch
+
+    from mobius_lite.evaluation.qualify_omni import synthetic_media, synthetic_prompt
+    from mobius_lite.run.omni_session import Media, OmniSession
+
+    session = OmniSession(package)
+    media = synthetic_media(session.config)
+    pixels, grid = (torch.from_numpy(media[k]) for k in ("pixel_values", "image_grid_hw"))
+    with torch.no_grad():
+        image_tokens = sum(len(f) for f in model.get_image_features(pixels, grid).pooler_output)
+        ids = synthetic_prompt(session.config, image_tokens, seed=1)
+        prepared = session.prepare(
+            ids, Media(pixel_values=media["pixel_values"], image_grid_hw=media["image_grid_hw"])
+        )
+        session.decoder.reset(1)
+        ours = [session.decoder.step(prepared.inputs_embeds)["logits"]]
+        out = model(
+            input_ids=torch.from_numpy(ids), pixel_values=pixels, image_grid_hw=grid, use_cache=True
+        )
+        theirs = [out.logits.float().numpy()]
+        length = ids.shape[1]
+        for _ in range(steps):
+            token = int(ours[-1][0, -1].argmax())
+            ours.append(session.decoder.step(session.embed_token(token))["logits"])
+            length += 1
+            out = model(
+                input_ids=torch.tensor([[int(out.logits[0, -1].argmax())]]),
+                cache=out.cache,
+                use_cache=True,
+                attention_mask=torch.ones(1, length, dtype=torch.long),
+                position_ids=torch.tensor([[length - 1]]),
+            )
+            theirs.append(out.logits.float().numpy())
+    names = ["prefill"] + [f"decode{i}" for i in range(steps)]
+    return {
+        f"{name}/logits": float(
+            np.linalg.norm(np.float64(a) - np.float64(e)) / np.linalg.norm(np.float64(e))
+        )
+        for name, a, e in zip(names, ours, theirs, strict=True)
+    }
 
 
 def test_a_modelopt_source_is_refused_with_one_line(

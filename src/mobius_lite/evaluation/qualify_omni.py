@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mobius_lite.configs.omni import OMNI_MODEL_TYPE, OmniConfig
-from mobius_lite.enums import GraphRole
+from mobius_lite.enums import GraphRole, LayerKind
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.dense_reference import ReferenceRequest
 from mobius_lite.evaluation.qualify_mtp import score_head, split_head_arrays
@@ -92,7 +93,9 @@ def synthetic_media(config: OmniConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return {k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in media.items()}
 
 
-def _prompt(config: OmniConfig, image_tokens: int, seed: int) -> np.ndarray:
+def synthetic_prompt(config: OmniConfig, image_tokens: int, seed: int) -> np.ndarray:
+    """Twelve random text tokens (none a media placeholder) around `image_tokens` image
+    placeholders after the fourth: the prompt of the two images of `synthetic_media`."""
     rng = np.random.default_rng(seed)
     low, high = 3, config.text.vocab_size
     special = {config.image_token_id, config.audio_token_id, config.video_token_id}
@@ -112,100 +115,45 @@ def omni_reference_model(source_dir: Path) -> Any:
     )
 
 
-def omni_runs(
-    package_dir: Path, source_dir: Path, steps: int, providers: list[str], say: Any
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[str], dict[str, Any]]:
-    """Both sides' arrays (by step/name), the step names, and facts (EVS masks equal)."""
-    from mobius_lite.evaluation.reference import load_reference, pinned_torch
-    from mobius_lite.run.omni_session import OmniSession
+@dataclass
+class PackageRun:
+    """The package's side, run once: its arrays by step/name (media features at the prefill,
+    then each step's logits, hidden states and caches), the inputs every reference is fed,
+    and what the MTP head's check goes on from."""
+
+    session: Any  # the OmniSession
+    media: dict[str, np.ndarray]
+    ids: np.ndarray  # the two-image prompt (placeholders, before video pruning)
+    names: list[str]  # the steps: prefill, decode0, ...
+    arrays: dict[str, np.ndarray]
+    video_keep: np.ndarray  # the video graph's EVS retention mask
+    prepared: Any  # the prompt the decoder saw (run/omni_session.Prepared)
+    tokens: list[int]  # the package's greedy tokens
+
+
+def package_side(package_dir: Path, steps: int, providers: list[str]) -> PackageRun:
+    """The media encoders on synthetic media, then a two-image prompt's prefill and `steps`
+    cached greedy steps, each fed the previous token."""
+    from mobius_lite.run.greedy import greedy
+    from mobius_lite.run.omni_session import Media, OmniSession
 
     session = OmniSession(package_dir, providers)
-    media = synthetic_media(session.config)
-    ours: dict[str, np.ndarray] = {}
-    ref: dict[str, np.ndarray] = {}
-    say("running the reference (transformers, torch FP32) and the package side by side")
-    with pinned_torch():
-        model = load_reference(source_dir, OMNI_MODEL_TYPE)
-        facts, image_tokens = _media_features(session, model, media, ours, ref)
-        say(f"prefill of a two-image prompt + {steps} decode steps on both sides")
-        prepared, run, names = _decode_both(session, model, media, image_tokens, steps, ours, ref)
-        del model
-    if (package_dir / GraphRole.MTP.file_name).is_file():
-        from mobius_lite.evaluation.qualify_mtp import omni_heads
-
-        say("running the MTP head and the reference head, then speculative decoding")
-        facts["mtp"] = omni_heads(session, source_dir, prepared, run.tokens, ours, ref, names)
-    return ours, ref, names, facts
-
-
-def _media_features(
-    session: Any,
-    model: Any,
-    media: dict[str, np.ndarray],
-    ours: dict[str, np.ndarray],
-    ref: dict[str, np.ndarray],
-) -> tuple[dict[str, Any], int]:
-    """The media encoders' features on both sides (into `ours` / `ref`, at the prefill step);
-    returns the EVS facts (retention masks equal, tokens kept) and the image token count."""
-    import torch
-    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
-        compute_retention_mask,
+    config, media = session.config, synthetic_media(session.config)
+    arrays: dict[str, np.ndarray] = {}
+    image = session._run(
+        GraphRole.VISION_ENCODER, {k: media[k] for k in (PIXEL_VALUES, IMAGE_GRID_HW)}
     )
-
-    t = {k: torch.from_numpy(v) for k, v in media.items()}
-    image_features = session._run(
-        GraphRole.VISION_ENCODER,
-        {k: media[k] for k in (PIXEL_VALUES, IMAGE_GRID_HW)},
-    )[0]
-    ours[f"{PREFILL}/image_features"] = image_features
-    expected = model.get_image_features(t[PIXEL_VALUES], t[IMAGE_GRID_HW])
-    ref[f"{PREFILL}/image_features"] = torch.cat(expected.pooler_output).numpy()
-
+    arrays[f"{PREFILL}/image_features"] = image[0]
     video, keep = session._run(
         GraphRole.VIDEO_ENCODER, {PIXEL_VALUES_VIDEOS: media[PIXEL_VALUES_VIDEOS]}
     )
-    ours[f"{PREFILL}/video_features"] = video
-    (expected_video,) = model.get_video_features(t[PIXEL_VALUES_VIDEOS]).pooler_output
-    ref[f"{PREFILL}/video_features"] = expected_video.numpy()
-    tubelets = media[PIXEL_VALUES_VIDEOS].shape[1]
-    expected_keep = compute_retention_mask(expected_video, tubelets, model.video_pruning_rate)
-    facts: dict[str, Any] = {"evs_mask_equal": bool(np.array_equal(keep, expected_keep.numpy()))}
-    facts["evs_kept"] = [int(keep.sum()), int(expected_keep.sum())]
-
-    if session.config.has_audio:
-        ours[f"{PREFILL}/audio_features"] = session._run(
-            GraphRole.AUDIO_ENCODER,
-            {k: media[k] for k in (INPUT_FEATURES, INPUT_FEATURES_MASK)},
-        )[0]
-        ref[f"{PREFILL}/audio_features"] = model.get_audio_features(
-            t[INPUT_FEATURES], t[INPUT_FEATURES_MASK]
-        ).pooler_output.numpy()
-    return facts, len(image_features)
-
-
-def _decode_both(
-    session: Any,
-    model: Any,
-    media: dict[str, np.ndarray],
-    image_tokens: int,
-    steps: int,
-    ours: dict[str, np.ndarray],
-    ref: dict[str, np.ndarray],
-) -> tuple[Any, Any, list[str]]:
-    """A two-image prompt's prefill and `steps` cached greedy steps on both sides, each fed its
-    own previous token: the logits and every cache array into `ours` / `ref`. Returns the
-    package's prepared prompt, its greedy run and the step names."""
-    import torch
-
-    from mobius_lite.evaluation.cache_layout import reference_cache_arrays
-    from mobius_lite.run.greedy import greedy
-    from mobius_lite.run.omni_session import Media
-
-    config = session.config
-    kinds = [layer.kind for layer in config.text.layers]
-    pixels, grid = media[PIXEL_VALUES], media[IMAGE_GRID_HW]
-    ids = _prompt(config, image_tokens, seed=1)
-    prepared = session.prepare(ids, Media(pixel_values=pixels, image_grid_hw=grid))
+    arrays[f"{PREFILL}/video_features"] = video
+    if config.has_audio:
+        audio = {k: media[k] for k in (INPUT_FEATURES, INPUT_FEATURES_MASK)}
+        arrays[f"{PREFILL}/audio_features"] = session._run(GraphRole.AUDIO_ENCODER, audio)[0]
+    ids = synthetic_prompt(config, len(image[0]), seed=1)
+    images = Media(pixel_values=media[PIXEL_VALUES], image_grid_hw=media[IMAGE_GRID_HW])
+    prepared = session.prepare(ids, images)
     run = greedy(
         session.decoder,
         prepared.inputs_embeds,
@@ -213,34 +161,107 @@ def _decode_both(
         next_input=session.embed_token,
         prefill_logits=0,
     )
-    reference = model(
-        input_ids=torch.from_numpy(ids),
-        pixel_values=torch.from_numpy(pixels),
-        image_grid_hw=torch.from_numpy(grid),
-        use_cache=True,
-    )
     names = [PREFILL] + [f"decode{i}" for i in range(steps)]
-    length = ids.shape[1]
-    for i, (step, out) in enumerate(zip(names, run.outputs, strict=True)):
-        ours[f"{step}/{LOGITS}"] = out[LOGITS]
+    caches = [role.present_name(i) for i, k in enumerate(_kinds(config)) for role in k.states]
+    for step, out in zip(names, run.outputs, strict=True):
+        arrays[f"{step}/{LOGITS}"] = out[LOGITS]
         if HIDDEN_STATES in out:  # a package with an MTP head: the head's input
-            ours[f"{step}/{HIDDEN_STATES}"] = out[HIDDEN_STATES]
-        ref[f"{step}/logits"] = reference.logits.float().numpy()
-        for name, array in reference_cache_arrays(reference.cache, kinds).items():
-            ours[f"{step}/{name}"] = out[name]
-            ref[f"{step}/{name}"] = array
-        if i == steps:
-            break
-        length += 1
-        theirs = int(reference.logits[0, -1].argmax())
-        reference = model(
-            input_ids=torch.tensor([[theirs]]),
-            cache=reference.cache,
+            arrays[f"{step}/{HIDDEN_STATES}"] = out[HIDDEN_STATES]
+        arrays.update((f"{step}/{name}", out[name]) for name in caches)
+    return PackageRun(session, media, ids, names, arrays, keep, prepared, run.tokens)
+
+
+def reference_side(
+    package: PackageRun, source_dir: Path
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """transformers on `source_dir` (torch FP32) fed the package's inputs, each step its own
+    previous token: its arrays under the package's names, and its EVS retention mask."""
+    import torch
+    from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import (
+        compute_retention_mask,
+    )
+
+    from mobius_lite.evaluation.cache_layout import reference_cache_arrays
+    from mobius_lite.evaluation.reference import load_reference, pinned_torch
+
+    t = {k: torch.from_numpy(v) for k, v in package.media.items()}
+    ref: dict[str, np.ndarray] = {}
+    with pinned_torch():
+        model = load_reference(source_dir, OMNI_MODEL_TYPE)
+        image = model.get_image_features(t[PIXEL_VALUES], t[IMAGE_GRID_HW])
+        ref[f"{PREFILL}/image_features"] = torch.cat(image.pooler_output).numpy()
+        (video,) = model.get_video_features(t[PIXEL_VALUES_VIDEOS]).pooler_output
+        ref[f"{PREFILL}/video_features"] = video.numpy()
+        tubelets = package.media[PIXEL_VALUES_VIDEOS].shape[1]
+        keep = compute_retention_mask(video, tubelets, model.video_pruning_rate).numpy()
+        if package.session.config.has_audio:
+            audio = model.get_audio_features(t[INPUT_FEATURES], t[INPUT_FEATURES_MASK])
+            ref[f"{PREFILL}/audio_features"] = audio.pooler_output.numpy()
+        kinds = _kinds(package.session.config)
+        out = model(
+            input_ids=torch.from_numpy(package.ids),
+            pixel_values=t[PIXEL_VALUES],
+            image_grid_hw=t[IMAGE_GRID_HW],
             use_cache=True,
-            attention_mask=torch.ones(1, length, dtype=torch.long),
-            position_ids=torch.tensor([[length - 1]]),
         )
-    return prepared, run, names
+        length = package.ids.shape[1]
+        for i, step in enumerate(package.names):
+            ref[f"{step}/logits"] = out.logits.float().numpy()
+            arrays = reference_cache_arrays(out.cache, kinds)
+            ref.update((f"{step}/{name}", array) for name, array in arrays.items())
+            if i == len(package.names) - 1:
+                break
+            length += 1
+            out = model(
+                input_ids=torch.tensor([[int(out.logits[0, -1].argmax())]]),
+                cache=out.cache,
+                use_cache=True,
+                attention_mask=torch.ones(1, length, dtype=torch.long),
+                position_ids=torch.tensor([[length - 1]]),
+            )
+        del model
+    return ref, keep
+
+
+def omni_runs(
+    package_dir: Path, source_dir: Path, steps: int, providers: list[str], say: Any
+) -> tuple[PackageRun, dict[str, np.ndarray], dict[str, Any]]:
+    """The package's run, the reference's on `source_dir` (arrays by step/name) and facts
+    (EVS masks equal; the MTP head's check when the package has a head, its arrays added to
+    both sides)."""
+    say(f"running the package: the media encoders, a two-image prompt's prefill, {steps} steps")
+    package = package_side(package_dir, steps, providers)
+    say("running the reference (transformers, torch FP32) on the same inputs")
+    ref, reference_keep = reference_side(package, source_dir)
+    facts = _evs_facts(package, reference_keep)
+    if (package_dir / GraphRole.MTP.file_name).is_file():
+        from mobius_lite.evaluation.qualify_mtp import omni_heads
+
+        say("running the MTP head and the reference head, then speculative decoding")
+        facts["mtp"] = omni_heads(
+            package.session,
+            source_dir,
+            package.prepared,
+            package.tokens,
+            package.arrays,
+            ref,
+            package.names,
+        )
+    return package, ref, facts
+
+
+def _kinds(config: OmniConfig) -> list[LayerKind]:
+    """The language model's layer kinds, by global layer index."""
+    return [layer.kind for layer in config.text.layers]
+
+
+def _evs_facts(package: PackageRun, reference_keep: np.ndarray) -> dict[str, Any]:
+    """The EVS retention masks compared: exactly equal, and the tokens each side kept."""
+    keep = package.video_keep
+    return {
+        "evs_mask_equal": bool(np.array_equal(keep, reference_keep)),
+        "evs_kept": [int(keep.sum()), int(reference_keep.sum())],
+    }
 
 
 def qualify_omni_verdicts(
@@ -265,17 +286,15 @@ def qualify_omni_verdicts(
             raw = kind.local_config(source_dir, None)
             request = ReferenceRequest(source_dir, raw, Path(tmp), recipes=recipes)
             reference_dir = kind.reference_checkpoint()(request)
-            ours, ref, names, facts = omni_runs(package_dir, reference_dir, steps, providers, say)
+            package, ref, facts = omni_runs(package_dir, reference_dir, steps, providers, say)
+            ours, names = package.arrays, package.names
             quantization = None
             if recipes:  # quantized at export: the quantization's own error, not gated
                 say("running the unquantized source, for the quantization's own error")
                 (Path(tmp) / "unquantized").mkdir()
                 request = ReferenceRequest(source_dir, raw, Path(tmp) / "unquantized")
-                unquantized_dir = kind.reference_checkpoint()(request)
-                unquantized = omni_runs(package_dir, unquantized_dir, steps, providers, say)[1]
-                quantization = scoring.quantization_error(
-                    split_head_arrays(ours)[0], split_head_arrays(unquantized)[0]
-                )
+                unquantized = reference_side(package, kind.reference_checkpoint()(request))[0]
+                quantization = scoring.quantization_error(split_head_arrays(ours)[0], unquantized)
     except Exception as exc:  # a run that breaks is evidence, reported, never a traceback
         reference = _raised_by_reference(exc)
         where = "the reference (transformers)" if reference else "the package"
