@@ -3,7 +3,9 @@ num_nextn_predict_layers D > 1): one graph per depth (mtp.onnx, mtp_depth{j}.onn
 against the independent depth reference (reference_fixtures/mtp_reference.py) under the FP32
 gates; the depth chain (run/mtp_depths.py) round by round against the reference run
 teacher-forced on the same true and drafted inputs; speculative decoding with it equal to
-plain greedy; and the package through the CLI (build, generate --speculative, verify)."""
+plain greedy; the package through the CLI (build, generate --speculative, verify); an Omni
+checkpoint with such a head. qualify's verdict on text packages:
+tests/test_qualify_depths.py."""
 
 from __future__ import annotations
 
@@ -145,15 +147,22 @@ def test_depth_graphs_match_the_reference(layout, batch: int, steps: int) -> Non
     states for depth 0) and tokens t_{i+j+1}: a prefill, then one-position cached steps;
     logits, mtp_hidden_states and every present under the FP32 gates at real positions (the
     second row left-padded)."""
-    config, out, depths = layout["package"].config, layout["out"], layout["depths"]
-    length = 12
+    _check_depth_graphs(layout["out"], layout["package"].config, layout["references"], batch, steps)
+
+
+def _check_depth_graphs(
+    out: Path, config, references: list, batch: int, steps: int, length: int = 12
+) -> None:
+    """Each depth graph of package `out` against its reference (test_depth_graphs_match_the_
+    reference): a prefill of length - steps positions, then `steps` one-position calls."""
+    depths = len(references)
     ids, mask = _sequence(batch, length + depths, config.vocab_size, seed=batch)
     decoder = DecoderSession(out / "model.onnx")
     hidden = decoder.step(ids[:, :length], mask[:, :length])["hidden_states"]
     line, positions_mask = ids[:, 1:], mask[:, :length]
-    taught = teacher_forced_depths(layout["references"], hidden, line, positions_mask)
+    taught = teacher_forced_depths(references, hidden, line, positions_mask)
     prefill = length - steps
-    for j, reference in enumerate(layout["references"]):
+    for j, reference in enumerate(references):
         inputs = hidden if j == 0 else taught[j - 1]["mtp_hidden_states"]
         tokens = line[:, j : j + length]
         graph = HeadSession(out / GraphId(GraphRole.MTP, j).file_name, config)
@@ -402,29 +411,11 @@ def test_weights_of_another_depth_count_are_one_line(
     assert not (tmp_path / "package").exists()
 
 
-def test_qualify_head_verdict(tmp_path: Path) -> None:
-    """qualify's mtp_head verdict on a two-depth head: depth 0's arrays (mtp.onnx) against its
-    head reference pass the gates, and the speculative run drafts through the chain (K = 2
-    rounds) with plain greedy's tokens."""
-    from mobius_lite.evaluation.qualify import qualify
-    from mobius_lite.evaluation.scoring import PASS
-
-    checkpoint, _, _ = write_distinct_depths_checkpoint(tmp_path / "checkpoint", "*E", 2, seed=6)
-    package = mobius_lite.build(checkpoint).save(tmp_path / "package", quiet=True)
-    report = qualify(package, checkpoint, output=tmp_path / "run", steps=3)
-    head = report.verdicts["mtp_head"]
-    assert head.status == PASS, head.summary
-    speculative = head.evidence["speculative"]
-    assert speculative["k"] == 2 and speculative["k_rounds"].get(2, 0) > 0
-    assert speculative["tokens"] == speculative["plain_tokens"]
-    hashed = report.run["files"]["sha256"]
-    assert {"model.onnx", "mtp.onnx", "mtp_depth1.onnx"} <= set(hashed)
-
-
 def test_omni_head_of_distinct_depths(tmp_path: Path) -> None:
     """An Omni checkpoint whose language model declares two distinct depths (its head under
     language_model.mtp.layers.0-3): the package gets both depth graphs beside the Omni ones,
-    and OmniSession's speculative decoding through the chain gives its plain greedy tokens."""
+    OmniSession's speculative decoding through the chain gives its plain greedy tokens, and
+    qualify's head verdict compares both depth graphs (re-scored alike)."""
     from safetensors.numpy import load_file, save_file
 
     from mobius_lite.run.omni_session import OmniSession
@@ -457,3 +448,12 @@ def test_omni_head_of_distinct_depths(tmp_path: Path) -> None:
         ids, None, 12, 2, stop_at_eos=False, adaptive=False
     )
     assert tokens == plain.tokens and stats.k_rounds.get(2, 0) > 0
+    # qualify's head verdict on it: both depth graphs against their references
+    from mobius_lite.evaluation.qualify import qualify, rescore
+    from mobius_lite.evaluation.scoring import PASS
+
+    report = qualify(out, checkpoint, output=tmp_path / "run", steps=2)
+    head = report.verdicts["mtp_head"]
+    assert head.status == PASS, head.summary
+    assert head.evidence["depth_status"] == {"0": PASS, "1": PASS}
+    assert rescore(tmp_path / "run").verdicts["mtp_head"].status == PASS

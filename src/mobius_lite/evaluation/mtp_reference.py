@@ -8,8 +8,9 @@ mtp_hidden = RMSNorm_final(x), logits = lm_head(mtp_hidden). Tensors are read by
 safetensors (the mtp.* ones, also found as model.mtp.*, and the shared embedding table and
 lm_head), never from the package. The head is one depth, which chained drafts repeat
 (Nemotron 3.5 Lightning's depth 2, Super / Ultra's latent MoE: transformers' NemotronHMoE with
-fc1 / fc2 latent projections), or depth 0 (mtp.onnx) of a head of distinct depths. Requires
-the `reference` extra (torch, transformers).
+fc1 / fc2 latent projections), or one depth j of a head of distinct depths (its blocks
+mtp.layers.{2j, 2j+1}: mtp.onnx's for depth 0, mtp_depth{j}.onnx's otherwise). Requires the
+`reference` extra (torch, transformers).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ MOE_FIELDS = (
     "norm_topk_prob",
     "routed_scaling_factor",
 )
+BLOCKS_PER_DEPTH = 2  # an attention block, then a MoE block ("*E")
 EMBEDDINGS = ("backbone.embeddings.weight", "model.embeddings.weight", "model.embed_tokens.weight")
 
 
@@ -71,9 +73,11 @@ def _rms(x: Any, weight: Any, eps: float) -> Any:
 
 class MtpReference:
     """The head of checkpoint folder `checkpoint` (Omni: its language_model.), stepped with its
-    own KV cache: `step(input_ids, hidden_states, attention_mask)` as mtp.onnx is called."""
+    own KV cache: `step(input_ids, hidden_states, attention_mask)` as mtp.onnx is called. For a
+    head of distinct depths, `depth` j picks that depth's blocks (as mtp_depth{j}.onnx binds
+    them); its cache is named by their global index, present.mtp.{2j}."""
 
-    def __init__(self, checkpoint: str | Path) -> None:
+    def __init__(self, checkpoint: str | Path, depth: int = 0) -> None:
         import torch
         from transformers import NemotronHConfig as HFConfig
         from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMoE
@@ -95,14 +99,18 @@ class MtpReference:
         mtp = sorted(n for n in where if n.startswith(head_prefix + "mtp."))
         if not mtp:
             raise ConfigError(f"{checkpoint} has no mtp.* tensors: the model has no MTP head")
-        mtp = _depth_zero(mtp, head_prefix, _distinct_depths(text))
+        mtp = _depth_blocks(mtp, head_prefix, _distinct_depths(text), depth)
+        self.cache_index = BLOCKS_PER_DEPTH * depth
         embed = next((prefix + n for n in EMBEDDINGS if prefix + n in where), None)
         head = prefix + "lm_head.weight" if prefix + "lm_head.weight" in where else embed
         if embed is None or head is None:
             raise ConfigError(f"{checkpoint} has no embedding table for the head")
         t = _read(where, [*mtp, embed, head])
         t = {
-            name.removeprefix(head_prefix if name.startswith(head_prefix + "mtp.") else prefix): v
+            _as_depth_zero(
+                name.removeprefix(head_prefix if name.startswith(head_prefix + "mtp.") else prefix),
+                depth,
+            ): v
             for name, v in t.items()
         }
         self.embed, self.lm_head = t.pop(embed.removeprefix(prefix)), t[head.removeprefix(prefix)]
@@ -183,8 +191,8 @@ class MtpReference:
         return {
             "logits": logits.numpy(),
             "mtp_hidden_states": final.numpy(),
-            "present.mtp.0.key": self.key.numpy(),
-            "present.mtp.0.value": self.value.numpy(),
+            f"present.mtp.{self.cache_index}.key": self.key.numpy(),
+            f"present.mtp.{self.cache_index}.value": self.value.numpy(),
         }
 
     def forward(self, ids: Any, hidden: Any, attention_mask: Any) -> tuple[Any, Any]:
@@ -237,18 +245,35 @@ def _distinct_depths(text: dict) -> int:
     return 1
 
 
-def _depth_zero(names: list[str], prefix: str, depths: int) -> list[str]:
-    """The names of depth 0's blocks (mtp.layers.0-1), which the reference computes: the
-    depth every chained draft repeats, or mtp.onnx's of a head of distinct depths. A head whose
-    weights hold other blocks than `depths` depths of "*E" is refused."""
+def _depth_blocks(names: list[str], prefix: str, depths: int, depth: int) -> list[str]:
+    """The names of depth `depth`'s blocks (mtp.layers.{2 depth, 2 depth + 1}), which the
+    reference computes: the depth every chained draft repeats (depth 0), or one depth of a head
+    of distinct depths. A head whose weights hold other blocks than `depths` depths of "*E",
+    or a depth it does not have, is refused."""
     blocks = sorted({int(n[len(prefix) :].split(".")[2]) for n in names if ".layers." in n})
-    if blocks != list(range(2 * depths)):
+    if blocks != list(range(BLOCKS_PER_DEPTH * depths)):
         raise ConfigError(
             f"the head's weights hold blocks mtp.layers.{blocks}: the reference computes "
             f"{depths} depth(s) of an attention block and a MoE block (mtp.layers.0-"
-            f"{2 * depths - 1})"
+            f"{BLOCKS_PER_DEPTH * depths - 1})"
         )
-    return [n for n in names if ".layers." not in n or int(n[len(prefix) :].split(".")[2]) < 2]
+    if not 0 <= depth < depths:
+        raise ConfigError(f"the head has {depths} depth(s): there is no depth {depth}")
+    first = BLOCKS_PER_DEPTH * depth
+    return [
+        n
+        for n in names
+        if ".layers." not in n
+        or first <= int(n[len(prefix) :].split(".")[2]) < first + BLOCKS_PER_DEPTH
+    ]
+
+
+def _as_depth_zero(name: str, depth: int) -> str:
+    """mtp.layers.{2 depth + k}.* -> mtp.layers.{k}.*: every depth computes as depth 0."""
+    parts = name.split(".", 3)
+    if depth == 0 or parts[:2] != ["mtp", "layers"]:
+        return name
+    return ".".join([*parts[:2], str(int(parts[2]) - BLOCKS_PER_DEPTH * depth), parts[3]])
 
 
 def head_block(text: dict, kind: str) -> dict:

@@ -7,10 +7,17 @@ head's logits, `mtp_hidden_states` and K/V caches are gated like the decoder's a
 speculative greedy decoding with the package's head must give exactly the package's plain
 greedy tokens, and its draft acceptance rate on the prompt is reported (not gated: a head
 that drafts badly is slow, not wrong).
+
+A head of distinct depths has one graph per depth (mtp.onnx, mtp_depth{j}.onnx), and each is
+held to its own reference depth under the same gates: depth j is fed the tokens t+j+1 and the
+package's depth j-1 `mtp_hidden_states` (the decoder's for depth 0), the same on both sides,
+at the positions whose token t+j+1 the run knows. The verdict fails if any depth fails, naming
+it.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,15 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from mobius_lite.enums import GraphRole
+from mobius_lite.enums import GraphId, GraphRole
 from mobius_lite.errors import MobiusError
 from mobius_lite.evaluation import scoring
 from mobius_lite.evaluation.dense_reference import ReferenceRequest, is_head_reference_tensor
 from mobius_lite.evaluation.scoring import FAIL, NOT_GATED, NOT_RUN, PASS, Verdict
-from mobius_lite.io_contract import LOGITS, MTP_HIDDEN_STATES, present_of
+from mobius_lite.io_contract import HIDDEN_STATES, LOGITS, MTP_HIDDEN_STATES, present_of
 from mobius_lite.source_kinds import SAFETENSORS_KIND, SourceKind
 
 HEAD_PREFIX = "mtp/"
+# a later depth's arrays: "mtp/depth{j}/{step}/{name}" (depth 0's are "mtp/{step}/{name}")
+DEPTH_KEY = re.compile(r"depth(\d+)/(.+)")
 SPECULATIVE_K = 2  # drafts a round in the acceptance run
 VERDICT = "mtp_head"
 
@@ -40,21 +49,65 @@ def split_head_arrays(
     return decoder, head
 
 
-def head_feeds(
-    prompt: list[int], tokens: list[int], decoder_arrays: Mapping[str, np.ndarray], steps: list[str]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(input_ids, hidden_states) per step: the tokens after each decoder position and the
-    package decoder's hidden states there (prefill: the prompt shifted by one + first token)."""
-    feeds = []
+def depth_key(depth: int, step: str, name: str) -> str:
+    """A head array's key under "mtp/": "{step}/{name}" for depth 0 (a one-depth head's),
+    "depth{j}/{step}/{name}" for a later depth of a head of distinct depths."""
+    return f"{step}/{name}" if depth == 0 else f"depth{depth}/{step}/{name}"
+
+
+def split_depths(head: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+    """The head's arrays (keys without "mtp/") by depth, each keyed "{step}/{name}"."""
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in head.items():
+        match = DEPTH_KEY.fullmatch(key)
+        depth, rest = (int(match[1]), match[2]) if match else (0, key)
+        out.setdefault(depth, {})[rest] = value
+    return out
+
+
+def depth_spans(
+    prompt_length: int, token_count: int, steps: list[str], depth: int
+) -> list[tuple[str, int, int]]:
+    """(step, first, end) for each decoder call (prefill: the prompt's positions, then one
+    each): the positions of that call depth `depth` runs, those whose token t+depth+1 is among
+    the prompt and the `token_count` decoded tokens (depth j: all but the last j); calls left
+    with none are dropped."""
+    known = prompt_length + token_count - 1 - depth
+    spans, first = [], 0
     for i, step in enumerate(steps):
-        hidden = decoder_arrays[f"{step}/hidden_states"]
-        ids = [*prompt[1:], tokens[0]] if i == 0 else [tokens[i]]
-        feeds.append((np.array([ids], dtype=np.int64), hidden))
-    return feeds
+        end = prompt_length + i
+        if min(end, known) > first:
+            spans.append((step, first, min(end, known)))
+        first = end
+    return spans
 
 
 # (head, new tokens, k) -> (tokens, SpeculationStats)
 Speculate = Callable[[Any, int, int], tuple[list[int], Any]]
+# a head's step: (input_ids, hidden_states, positions cached after the call) -> its outputs
+_Step = Callable[[np.ndarray, np.ndarray, int], Mapping[str, np.ndarray]]
+
+
+def _run_depth(
+    step: _Step,
+    depth: int,
+    line: np.ndarray,
+    inputs: np.ndarray,
+    spans: list[tuple[str, int, int]],
+    arrays: dict[str, np.ndarray],
+) -> np.ndarray:
+    """One depth over `spans`, from an empty cache: at positions a..b it is fed the tokens
+    line[a+depth : b+depth] (line[:, t] = token t+1) and inputs[:, a:b]; its outputs go into
+    `arrays` under "mtp/" + depth_key. Returns its mtp_hidden_states at every position run
+    (the next depth's inputs)."""
+    outputs = []
+    for name, first, end in spans:
+        ids = line[:, first + depth : end + depth]
+        out = step(ids, inputs[:, first:end], end)
+        for output, value in out.items():
+            arrays[HEAD_PREFIX + depth_key(depth, name, output)] = value
+        outputs.append(out[MTP_HIDDEN_STATES])
+    return np.concatenate(outputs, axis=1) if outputs else inputs[:, :0]
 
 
 def run_heads(
@@ -71,11 +124,13 @@ def run_heads(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Run the package's head and the reference head on the same inputs, then speculative
     decoding with the package's head (`speculate`; default: the text decoder on `prompt`);
-    returns (facts, package head arrays, reference head arrays), keys
-    "mtp/...". `prompt` is what the decoder saw (Omni: after video pruning). A source of a
-    `kind` transformers cannot read (a GGUF file's nextn block, a ModelOpt head) is decoded
-    to FP32 first by its kind's reference function, the head's tensors only, with its config
-    dict `source_raw`."""
+    returns (facts, package head arrays, reference head arrays), keys "mtp/..." (a later
+    depth's "mtp/depth{j}/..."). `prompt` is what the decoder saw (Omni: after video
+    pruning). A head of distinct depths: every depth's graph against the reference of that
+    depth, depth j fed the package's depth j-1 outputs on both sides. A source of a `kind`
+    transformers cannot read (a GGUF file's nextn block, a ModelOpt head) is decoded to FP32
+    first by its kind's reference function, the head's tensors only, with its config dict
+    `source_raw`."""
     from mobius_lite.evaluation.mtp_reference import MtpReference
     from mobius_lite.evaluation.reference import pinned_torch
     from mobius_lite.run.mtp_head import head_files, head_session, open_head
@@ -85,32 +140,55 @@ def run_heads(
         "graph": GraphRole.MTP.file_name,
         "fed": "the package decoder's tokens and hidden_states, the same on both sides",
     }
-    if any(f"{step}/hidden_states" not in decoder_arrays for step in steps):
+    if any(f"{step}/{HIDDEN_STATES}" not in decoder_arrays for step in steps):
         facts["error"] = "the decoder has no hidden_states output for the head"
         return facts, {}, {}
-    feeds = head_feeds(prompt, tokens, decoder_arrays, steps)
+    line = np.array([[*prompt[1:], *tokens]], np.int64)
+    decoder_hidden = np.concatenate([decoder_arrays[f"{s}/{HIDDEN_STATES}"] for s in steps], 1)
     ours: dict[str, np.ndarray] = {}
     reference: dict[str, np.ndarray] = {}
+    where = "the package head did not run"
     try:
-        head_file = package_dir / GraphRole.MTP.file_name
-        head = head_session(head_file, providers)
-        facts["int8_activation_kernels"] = _int8_kernels(head_file)
-        head.reset(1)
-        for step, (ids, hidden) in zip(steps, feeds, strict=True):
-            logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
-            past = {present_of(name): value for name, value in head.past.items()}
-            arrays = {LOGITS: logits, MTP_HIDDEN_STATES: mtp_hidden, **past}
-            for name, value in arrays.items():
-                ours[f"{HEAD_PREFIX}{step}/{name}"] = value
+        files = head_files(open_package(package_dir))
+        if not files:
+            raise FileNotFoundError(f"the manifest lists no {GraphRole.MTP.file_name}")
+        depths = len(files)
+        facts["depth_count"] = depths
+        spans = [depth_spans(len(prompt), len(tokens), steps, j) for j in range(depths)]
+        kernels = [_int8_kernels(path) for path in files]
+        facts["int8_activation_kernels"] = sum(kernels)
+        if depths > 1:
+            facts["graphs"] = [path.name for path in files]
+            facts["depth_int8_activation_kernels"] = kernels
+            facts["depths"] = (
+                f"{depths} distinct depths, each graph against the reference of its depth: "
+                "depth j fed the tokens t+j+1 and the package's depth j-1 mtp_hidden_states "
+                "(the decoder's hidden_states for depth 0), the same on both sides, at the "
+                "positions whose token t+j+1 is known (all but the last j)"
+            )
+            facts["depth_steps"] = [[name for name, _, _ in s] for s in spans]
+        inputs = decoder_hidden
+        package_inputs = [inputs]
+        for j, path in enumerate(files):
+            where = f"the package head's depth {j} ({path.name}) did not run"
+            head = head_session(path, providers)
+            head.reset(1)
+
+            def package_step(ids: np.ndarray, hidden: np.ndarray, _end: int, head=head) -> dict:
+                logits, mtp_hidden = head.step(ids, hidden, np.ones_like(ids))
+                past = {present_of(name): value for name, value in head.past.items()}
+                return {LOGITS: logits, MTP_HIDDEN_STATES: mtp_hidden, **past}
+
+            inputs = _run_depth(package_step, j, line, inputs, spans[j], ours)
+            package_inputs.append(inputs)
+        where = "speculative decoding with the package head did not run"
         speculate = speculate or _text_speculation(package_dir, prompt, providers)
-        drafter, k = head, SPECULATIVE_K
-        depths = len(head_files(open_package(package_dir)))
-        if depths > 1:  # a head of distinct depths drafts through its chain, K <= depths
-            drafter, k = open_head(package_dir, providers), min(SPECULATIVE_K, depths)
-            facts["depths"] = f"{depths} distinct depths: the arrays are depth 0's (mtp.onnx)"
+        # a head of distinct depths drafts through its chain, K <= depths
+        k = SPECULATIVE_K if depths == 1 else min(SPECULATIVE_K, depths)
+        drafter = open_head(package_dir, providers)
         drafted, stats = speculate(drafter, len(tokens), k)
     except Exception as exc:  # evidence for the report, never a traceback
-        facts["error"] = f"the package head did not run: {type(exc).__name__}: {exc}"[:1000]
+        facts["error"] = f"{where}: {type(exc).__name__}: {exc}"[:1000]
         return facts, {}, {}
     facts["speculative"] = {
         "k": k,
@@ -119,6 +197,7 @@ def run_heads(
         "plain_tokens": list(tokens),
         **stats.as_dict(),
     }
+    label = ""  # the depth whose reference is running, for a head of distinct depths
     try:
         with pinned_torch(), tempfile.TemporaryDirectory(prefix="mobius-head-") as tmp:
             request = ReferenceRequest(
@@ -127,18 +206,22 @@ def run_heads(
             checkpoint = kind.reference_checkpoint()(request)
             if checkpoint != source_dir:  # not read as stored
                 facts["reference_weights"] = f"the {kind.name} source's head decoded to FP32"
-            oracle = MtpReference(checkpoint)
-            oracle.reset(1)
-            length = 0
-            for step, (ids, hidden) in zip(steps, feeds, strict=True):
-                length += ids.shape[1]
-                out = oracle.step(ids, hidden, np.ones((1, length), np.int64))
-                for name, value in out.items():
-                    reference[f"{HEAD_PREFIX}{step}/{name}"] = value
-    except MobiusError as exc:  # said in plain words (e.g. a source without a head's tensors)
-        facts["reference_error"] = str(exc)[:1000]
-    except Exception as exc:
-        facts["reference_error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            for depth in range(depths):
+                label = f"depth {depth}: " if depths > 1 else ""
+                oracle = MtpReference(checkpoint, depth)
+                oracle.reset(1)
+
+                def reference_step(ids: np.ndarray, hidden: np.ndarray, end: int, oracle=oracle):
+                    return oracle.step(ids, hidden, np.ones((1, end), np.int64))
+
+                # the package's depth j-1 outputs, as its depth j was fed
+                _run_depth(
+                    reference_step, depth, line, package_inputs[depth], spans[depth], reference
+                )
+    except Exception as exc:  # said in plain words (e.g. a source without a head's tensors)
+        reference.clear()
+        message = str(exc) if isinstance(exc, MobiusError) else f"{type(exc).__name__}: {exc}"
+        facts["reference_error"] = (label + message)[:1000]
     return facts, ours, reference
 
 
@@ -198,33 +281,60 @@ def score_head(
     reference: Mapping[str, np.ndarray],
     steps: list[str],
 ) -> Verdict:
-    """The head's verdict: its arrays within the fixed gates and speculative tokens exactly the
-    plain ones. The acceptance rate is evidence only."""
+    """The head's verdict: every depth's arrays within the fixed gates (a head of distinct
+    depths: each depth's graph, a failing one named) and speculative tokens exactly the plain
+    ones. The acceptance rate is evidence only."""
     if "error" in facts:
         return Verdict(FAIL, facts["error"], dict(facts))
     if not reference:
         reason = "the reference head did not run: " + str(facts.get("reference_error", "?"))
         return Verdict(NOT_RUN, reason, dict(facts))
-    parity = scoring.score_parity(ours, reference, steps, {})
+    ours_by, reference_by = split_depths(ours), split_depths(reference)
+    count = int(facts.get("depth_count") or max([0, *ours_by, *reference_by]) + 1)
+    parities = []
+    for j in range(count):
+        mine, theirs = ours_by.get(j, {}), reference_by.get(j, {})
+        ran = [s for s in steps if f"{s}/{LOGITS}" in mine or f"{s}/{LOGITS}" in theirs]
+        parities.append(scoring.score_parity(mine, theirs, ran, {}))
+    kernels = facts.get("depth_int8_activation_kernels") or [
+        facts.get("int8_activation_kernels", 0)
+    ]
+    fast = [*kernels, *[0] * (count - len(kernels))]
     speculative = facts["speculative"]
     identical = speculative["tokens"] == speculative["plain_tokens"]
-    evidence = {"parity": parity.evidence, "speculative": speculative}
+    evidence: dict[str, Any] = {"parity": parities[0].evidence, "speculative": speculative}
+    if count > 1:  # depth 0's is "parity", as a one-depth head's
+        evidence["depth_status"] = {str(j): p.status for j, p in enumerate(parities)}
+        evidence["depth_parity"] = {str(j): p.evidence for j, p in enumerate(parities) if j}
+
+    def measured(depths: list[int]) -> str:
+        if count == 1:
+            return parities[0].summary
+        return "; ".join(
+            f"depth {j} ({GraphId(GraphRole.MTP, j).file_name}) {parities[j].summary}"
+            for j in depths
+        )
+
     rate = (
         f"acceptance {speculative['accepted']}/{speculative['proposed']} drafts "
         f"(K={speculative['k']}, {speculative['new_tokens']} tokens)"
     )
-    fast = facts.get("int8_activation_kernels", 0)
-    if parity.status != PASS and fast and identical:
-        # a fast draft head (--draft-head fast) computes with int8 activations: the FP32
-        # gates do not apply; as for --activations int8, the figures are reported, not gated
+    failing = [j for j, parity in enumerate(parities) if parity.status != PASS]
+    worst = FAIL if any(parities[j].status == FAIL for j in failing) else NOT_RUN
+    # a fast draft head (--draft-head fast) computes with int8 activations: the FP32 gates do
+    # not apply to its depths; as for --activations int8, the figures are reported, not gated
+    gated = [j for j in failing if not (fast[j] and identical)]
+    if gated:
+        status = FAIL if any(parities[j].status == FAIL for j in gated) else NOT_RUN
+        return Verdict(status, f"head arrays: {measured(gated)}; {rate}", evidence)
+    if failing:
         return Verdict(
             NOT_GATED,
-            f"head arrays not gated: {fast} kernels compute with int8 activations (a fast "
-            f"draft head); measured: {parity.summary}; speculative tokens identical; {rate}",
-            {**evidence, "gated_status": parity.status},
+            f"head arrays not gated: {sum(fast[j] for j in failing)} kernels compute with int8 "
+            f"activations (a fast draft head); measured: {measured(failing)}; speculative "
+            f"tokens identical; {rate}",
+            {**evidence, "gated_status": worst},
         )
-    if parity.status != PASS:
-        return Verdict(parity.status, f"head arrays: {parity.summary}; {rate}", evidence)
     if not identical:
         return Verdict(
             FAIL,
@@ -233,7 +343,9 @@ def score_head(
             evidence,
         )
     return Verdict(
-        PASS, f"head arrays: {parity.summary}; speculative tokens identical; {rate}", evidence
+        PASS,
+        f"head arrays: {measured(list(range(count)))}; speculative tokens identical; {rate}",
+        evidence,
     )
 
 
