@@ -4,12 +4,13 @@ against the independent depth reference (reference_fixtures/mtp_reference.py) un
 gates; the depth chain (run/mtp_depths.py) round by round against the reference run
 teacher-forced on the same true and drafted inputs; speculative decoding with it equal to
 plain greedy; the package through the CLI (build, generate --speculative, verify); an Omni
-checkpoint with such a head. qualify's verdict on text packages:
+and a Puzzle checkpoint with such a head. qualify's verdict on text packages:
 tests/test_qualify_depths.py."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -457,3 +458,149 @@ def test_omni_head_of_distinct_depths(tmp_path: Path) -> None:
     assert head.status == PASS, head.summary
     assert head.evidence["depth_status"] == {"0": PASS, "1": PASS}
     assert rescore(tmp_path / "run").verdicts["mtp_head"].status == PASS
+
+
+# --------------------------------------------------------------------------- Puzzle
+def _write_puzzle_depths_checkpoint(directory: Path, depths: int, seed: int = 0):
+    """A Puzzle checkpoint (block_configs, model. names, an index) whose head has `depths`
+    distinct depths: mtp_block_configs lists one depth's blocks (attention, latent MoE with
+    the head's own sizes), which every depth has, and mtp.safetensors (not in the index) holds
+    mtp.layers.0 .. 2 * depths - 1. Returns (dir, config.json dict, each depth's reference)."""
+    from safetensors.numpy import save_file
+
+    from reference_fixtures.mtp_fixtures import (
+        PUZZLE_MTP_BLOCKS,
+        HeadShape,
+        head_tensors,
+        puzzle_block_config,
+    )
+    from reference_fixtures.mtp_reference import MTPDepthReference
+    from reference_fixtures.puzzle_fixtures import (
+        HETEROGENEOUS_BLOCKS,
+        puzzle_raw_config,
+        write_puzzle_checkpoint,
+    )
+
+    raw = puzzle_raw_config(
+        HETEROGENEOUS_BLOCKS,
+        num_nextn_predict_layers=depths,
+        mtp_use_repeated_layer=False,
+        mtp_block_configs=PUZZLE_MTP_BLOCKS,
+    )
+    checkpoint, model = write_puzzle_checkpoint(raw, directory, seed=seed)
+    model = model.float().eval()
+    attention, moe = (puzzle_block_config(raw, block) for block in PUZZLE_MTP_BLOCKS)
+    shape = HeadShape(
+        hidden=raw["hidden_size"],
+        heads=attention.num_attention_heads,
+        kv_heads=attention.num_key_value_heads,
+        head_dim=attention.head_dim,
+        experts=moe.n_routed_experts,
+        inner=moe.moe_intermediate_size,
+        shared_inner=moe.moe_shared_expert_intermediate_size,
+        latent=moe.moe_latent_size,
+    )
+    rng = np.random.default_rng(seed + 400)
+    head: dict[str, np.ndarray] = {}
+    for depth in range(depths):
+        for name, value in head_tensors(shape, rng).items():
+            _, _, block, rest = name.split(".", 3)
+            head[f"mtp.layers.{int(block) + 2 * depth}.{rest}"] = value
+    save_file(head, str(checkpoint / "mtp.safetensors"))
+    embeddings = model.model.embeddings.weight.detach().numpy()
+    lm_head = model.lm_head.weight.detach().numpy()
+    references = [
+        MTPDepthReference(
+            head, ["attention", "moe"], 2 * depth, attention, moe, embeddings, lm_head
+        )
+        for depth in range(depths)
+    ]
+    return checkpoint, raw, references
+
+
+@pytest.fixture(scope="module")
+def puzzle(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("puzzle_depths")
+    checkpoint, raw, references = _write_puzzle_depths_checkpoint(root / "checkpoint", 2)
+    package = mobius_lite.build(checkpoint)
+    out = package.save(root / "package", quiet=True)
+    return dict(
+        root=root, checkpoint=checkpoint, raw=raw, references=references, package=package, out=out
+    )
+
+
+def test_puzzle_head_of_distinct_depths(puzzle) -> None:
+    """A Puzzle head of two distinct depths: one graph per depth, each block with
+    mtp_block_configs' sizes; each depth graph against the independent reference (batch 2
+    left-padded, FP32 gates); verify re-checks every source tensor, mtp.safetensors' too."""
+    package, out = puzzle["package"], puzzle["out"]
+    config = package.config
+    assert config.mtp_depths == 2 and [g.key for g in package.graphs] == [
+        "decoder",
+        "mtp",
+        "mtp_depth1",
+    ]
+    for depth in range(2):
+        attention, moe = config.mtp_depth_layers(depth)
+        assert attention.index == 2 * depth and attention.attention.num_kv_heads == 1
+        assert moe.moe.n_routed_experts == 6 and moe.moe.latent_size == 16
+    _check_depth_graphs(out, config, puzzle["references"], batch=2, steps=3)
+    report = verify_package(out, puzzle["checkpoint"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert report.ok and report.checked == len(manifest["sources"])
+    assert "mtp.layers.3.final_layernorm.weight" in manifest["sources"]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_puzzle_speculation_is_plain_greedy(puzzle, k: int) -> None:
+    """speculative_greedy through the Puzzle head's depth chain (K = 1, K = D; batch 2 left-
+    padded): exactly plain greedy's tokens."""
+    out = puzzle["out"]
+    ids, mask = _sequence(2, 7, puzzle["package"].config.vocab_size, seed=40 + k)
+    plain, _ = plain_greedy(DecoderSession(out / "model.onnx"), ids, mask, NEW_TOKENS)
+    chain = open_head(out)
+    assert isinstance(chain, DepthChain)
+    tokens, stats = speculative_greedy(
+        DecoderSession(out / "model.onnx"),
+        chain,
+        ids,
+        NEW_TOKENS,
+        k,
+        attention_mask=mask,
+        adaptive=False,
+    )
+    np.testing.assert_array_equal(np.array(tokens), plain)
+    assert stats.k_rounds.get(k, 0) > 0
+
+
+def test_puzzle_qualify_compares_every_depth(puzzle) -> None:
+    """qualify on the Puzzle package: its head reference reads each depth's blocks with the
+    head's own sizes; both depths within the gates."""
+    from mobius_lite.evaluation.qualify import qualify
+    from mobius_lite.evaluation.scoring import PASS
+
+    report = qualify(puzzle["out"], puzzle["checkpoint"], output=puzzle["root"] / "run", steps=3)
+    head = report.verdicts["mtp_head"]
+    assert head.status == PASS, head.summary
+    assert head.evidence["depth_status"] == {"0": PASS, "1": PASS}
+    assert head.evidence["depth_parity"]["1"]["families"]["logits"]["compared"] == 3
+
+
+def test_puzzle_blocks_of_every_depth_listed_are_one_line(puzzle, tmp_path: Path, capsys) -> None:
+    """mtp_block_configs is one depth's blocks: a config listing both depths' blocks (four
+    entries) over a head of two depths reads as two depths of '*E*E', which the weights do
+    not hold: one ConfigError naming both, from the tensor names alone; exit 2 and one line
+    from mobius build, nothing written."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(puzzle["checkpoint"], checkpoint)
+    edit_config(checkpoint, lambda raw: raw.update(mtp_block_configs=raw["mtp_block_configs"] * 2))
+    with pytest.raises(
+        ConfigError, match=r"holds blocks mtp\.layers\.0-3, but its config"
+    ) as error:
+        mobius_lite.build(checkpoint)
+    assert "describes 2 depth(s) of '*E*E' (8 blocks)" in str(error.value)
+    capsys.readouterr()
+    code = main(["build", "--model", str(checkpoint), "--output", str(tmp_path / "package")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "mtp.layers.0-3" in err
+    assert "Traceback" not in err and not (tmp_path / "package").exists()
