@@ -14,6 +14,10 @@ round's draft j comes from depth j at the decoder's last position p:
   from true tokens once those are known. Each depth keeps the true outputs of the depth
   before it that it has not run yet.
 
+The chain keeps the true tokens and masks from the first position a later depth has not run
+on (the lowest of their cache lengths): nothing before it is read again, so what it keeps
+does not grow with the generation (after a round of D drafts, D - 1 positions).
+
 The depths share the decoder's embedding table and lm_head (inside each graph). A round
 drafts at most as many tokens as there are depths; a probe (one draft) runs depth 0 only.
 """
@@ -73,7 +77,9 @@ class DepthChain:
     def reset(self, batch: int) -> None:
         for depth in self.depths:
             depth.reset(batch)
-        # tokens[:, i] = t_{i+1}, masks[:, i]: the attention mask of position i (depth 0's)
+        # tokens[:, i] = t_{offset+i+1}, masks[:, i]: the attention mask of position
+        # offset + i (depth 0's), from the first position a later depth has not run (offset)
+        self.offset = 0
         self.tokens = np.zeros((batch, 0), np.int64)
         self.masks = np.zeros((batch, 0), np.int64)
         # pending[j]: depth j-1's true outputs at positions depth j has not run (from
@@ -102,7 +108,8 @@ class DepthChain:
                 self.pending[j] = held[:, : max(0, length - j + 1 - depth.length)]
         if length < self.depths[0].length:
             self.depths[0].truncate(length)
-        self.tokens, self.masks = self.tokens[:, :length], self.masks[:, :length]
+        kept = length - self.offset  # >= 0: no later depth j holds more than length - j
+        self.tokens, self.masks = self.tokens[:, :kept], self.masks[:, :kept]
 
     def draft_round(
         self,
@@ -127,6 +134,7 @@ class DepthChain:
             logits, above, true_count = self._depth(j, last, above, np.stack(drafts, axis=1))
             timed(self._timed_positions(true_count), time.perf_counter() - start)
             drafts.append(logits[:, -1].argmax(-1).astype(np.int64))
+        self._trim()
         return np.stack(drafts, axis=1)
 
     def _depth0(
@@ -150,19 +158,28 @@ class DepthChain:
         depth = self.depths[j]
         first = depth.length
         positions = last - first + 1
-        # token line: line[:, m] = t_{m+1}, the drafts after the true tokens
+        # token line: line[:, m] = t_{offset+m+1}, the drafts after the true tokens
         line = np.concatenate([self.tokens, drafts], axis=1)
-        ids = line[:, first + j : last + j + 1]
+        ids = line[:, first + j - self.offset : last + j + 1 - self.offset]
         held = self.pending[j]
         held = held[:, :positions] if held is not None else above[:, :0]
         hidden = np.concatenate([held, above[:, above.shape[1] - (positions - held.shape[1]) :]], 1)
-        logits, out = depth.step(ids, hidden, self.masks[:, first : last + 1], logits_to_keep=1)
+        mask = self.masks[:, first - self.offset : last + 1 - self.offset]
+        logits, out = depth.step(ids, hidden, mask, logits_to_keep=1)
         true_count = max(0, last - j + 1 - first)  # positions first .. last - j
         true_inputs = max(0, last - j + 2 - first)  # depth j-1 is true up to last - j + 1
         depth.truncate(first + true_count)  # the speculative entries leave at once
         self.pending[j] = hidden[:, true_count:true_inputs]
         self._keep_true(j + 1, out[:, :true_count])
         return logits, out, true_count
+
+    def _trim(self) -> None:
+        """Drop the tokens and masks of positions every later depth has run: a depth reads
+        from its own cache length on, and no length goes back but by reset."""
+        offset = min(depth.length for depth in self.depths[1:])
+        self.tokens = self.tokens[:, offset - self.offset :]
+        self.masks = self.masks[:, offset - self.offset :]
+        self.offset = offset
 
     def _keep_true(self, j: int, outputs: np.ndarray) -> None:
         """Append true outputs of depth j-1 to depth j's pending inputs (none past the last)."""
