@@ -274,13 +274,18 @@ class _RecordingChain(DepthChain):
     def reset(self, batch: int) -> None:
         super().reset(batch)
         self.decoder_hidden = np.zeros((batch, 0, 0), np.float32)
+        # the whole line of true tokens and masks (the chain keeps only the tail it can read)
+        self.true_tokens = np.zeros((batch, 0), np.int64)
+        self.true_masks = np.zeros((batch, 0), np.int64)
         self.rounds: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def draft_round(self, input_ids, hidden_states, attention_mask, count, timed):
         seen = [self.decoder_hidden] if self.decoder_hidden.size else []
         self.decoder_hidden = np.concatenate([*seen, hidden_states], axis=1)
+        self.true_tokens = np.concatenate([self.true_tokens, input_ids], axis=1)
+        self.true_masks = np.concatenate([self.true_masks, attention_mask], axis=1)
         drafts = super().draft_round(input_ids, hidden_states, attention_mask, count, timed)
-        self.rounds.append((self.tokens.copy(), self.masks.copy(), self.decoder_hidden, drafts))
+        self.rounds.append((self.true_tokens, self.true_masks, self.decoder_hidden, drafts))
         return drafts
 
 
