@@ -411,3 +411,72 @@ def test_keep_prefix_refuses_a_call_without_windows(package, plain_runs) -> None
     assert not decoder.keep_prefix(out, run["ids"].shape[1], 3)
     assert decoder.past.keys() == past.keys()
     assert all(decoder.past[n] is past[n] for n in past) and decoder.mask is mask
+
+
+SHARED_POOL_CHILD = """
+import sys
+import numpy as np
+from mobius_lite.run.decoder_session import DecoderSession
+from mobius_lite.run.greedy import greedy
+from mobius_lite.run.mtp_head import open_head
+from mobius_lite.run.ort_session import ALLOW_SPINNING, on_shared_pool, shares_pool
+from mobius_lite.run.speculative import speculative_greedy
+
+package = sys.argv[1]
+decoder = DecoderSession(package + "/model.onnx", session_options=on_shared_pool())
+head = open_head(package, session_options=on_shared_pool())
+for session in (decoder.session, head.session):
+    used = session.get_session_options()
+    assert shares_pool(used)
+    try:  # no allow_spinning entry: one pool cannot fight itself
+        used.get_session_config_entry(ALLOW_SPINNING)
+        raise SystemExit("the shared pool's session was told not to spin")
+    except RuntimeError:
+        pass
+ids = np.array([[5, 17, 33, 8, 2, 40]], np.int64)
+plain = greedy(decoder, ids, 24).tokens
+tokens, stats = speculative_greedy(decoder, head, ids, 24, 3, adaptive=False)
+assert tokens[0] == plain and stats.proposed > 0, (tokens, plain)
+# onnxruntime refuses a session with a pool of its own once the process has the shared pool:
+# the library's later sessions take the shared one
+later = DecoderSession(package + "/model.onnx")
+assert shares_pool(later.session.get_session_options())
+print("OK")
+"""
+
+
+def test_decoder_and_head_share_one_thread_pool(package) -> None:
+    """On the process's shared thread pool (ort_session.on_shared_pool; process-wide, so in a
+    child process) the decoder and head keep that pool without a spinning entry, speculation
+    gives plain greedy's tokens, and a later session of the library still opens; a head
+    given options of its own (this process) still does not spin."""
+    import subprocess
+    import sys
+
+    from mobius_lite.run.ort_session import ALLOW_SPINNING, shares_pool
+
+    done = subprocess.run(
+        [sys.executable, "-c", SHARED_POOL_CHILD, str(package)], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-2000:]
+    own = open_head(package).session.get_session_options()
+    assert not shares_pool(own) and own.get_session_config_entry(ALLOW_SPINNING) == "0"
+
+
+def test_generate_command_speculates_on_the_shared_pool(package) -> None:
+    """`mobius generate` as its own process (the shared thread pool) prints the same tokens
+    with and without --speculative."""
+    import subprocess
+    import sys
+
+    def generate(*extra: str) -> str:
+        command = [sys.executable, "-m", "mobius_lite.cli.main", "generate", str(package)]
+        done = subprocess.run(
+            [*command, "--prompt-ids", "5,17,33,8", "--max-new-tokens", "16", *extra],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    assert generate("--speculative", "3") == generate()

@@ -183,16 +183,22 @@ def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.greedy import greedy
     from mobius_lite.run.mtp_head import open_head
-    from mobius_lite.run.ort_session import without_spinning
+    from mobius_lite.run.ort_session import on_shared_pool, without_spinning
     from mobius_lite.run.speculative import speculative_greedy
 
-    # the decoder takes turns with the head on the same cores: its threads do not spin
-    # between calls, as under `mobius generate --speculative` (run/ort_session.py)
-    options = without_spinning(session_options(args.threads))
-    decoder = DecoderSession(package / "model.onnx", session_options=options)
+    # the decoder takes turns with the head on the same cores (run/ort_session.py). "own":
+    # each on a pool of its own, the decoder's threads not spinning between calls (the
+    # Python API's default); "shared": both on the process's shared pool, as `mobius
+    # generate` run as a command puts them (plain greedy then runs on that pool too)
+    def options() -> Any:
+        made = session_options(args.threads)
+        return on_shared_pool(made) if args.threading == "shared" else made
+
+    decoder_options = options() if args.threading == "shared" else without_spinning(options())
+    decoder = DecoderSession(package / "model.onnx", session_options=decoder_options)
 
     def new_head() -> Any:
-        return open_head(package, session_options=session_options(args.threads))
+        return open_head(package, session_options=options())
 
     rng = np.random.default_rng(10)
     ids = rng.integers(3, decoder.vocab_size, size=(1, args.prompt_length)).astype(np.int64)
@@ -305,6 +311,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20, help="head call-cost samples")
+    parser.add_argument(
+        "--threading",
+        choices=("own", "shared"),
+        default="own",
+        help="the decoder and head each on a pool of their own (the Python API's default), or "
+        "both on the process's shared pool (as `mobius generate` run as a command)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--packages",
@@ -325,6 +338,7 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "threads": args.threads,
+        "threading": args.threading,
         "packages": {name: run_modes(args, packages[name]) for name in args.packages},
         "llama_cpp_q8_0": llamacpp_plain_greedy(args, packages["gguf"]),
     }

@@ -6,11 +6,13 @@ scripted drafter right 85% of the time at K = 3 (bench_speculative.py's; no head
 costs anything there, so it prices the decoder's calls). Setups:
 
   own      each session on an intra-op pool of its own whose threads do not spin between
-           calls (run/ort_session.without_spinning: `mobius generate --speculative`);
+           calls (run/ort_session.without_spinning: the Python API's default);
   shared   both on onnxruntime's one shared pool for the process, whose threads may spin
-           between calls (shared_pool_options below: tried, not kept, docs/speculative.md);
-  alone    the decoder alone on a spinning pool of its own, no head: the plain decoding
-           `mobius generate` without --speculative runs (plain greedy only).
+           between calls (run/ort_session.on_shared_pool: `mobius generate` as a command);
+  alone    the decoder alone on a spinning pool of its own, no head: plain decoding in the
+           Python API's default (plain greedy only);
+  alone-shared  the decoder alone on the shared pool: plain `mobius generate` as a command
+           (plain greedy only).
 
 Each setup runs in a fresh process (the shared pool is process-wide), the setups alternating
 from round to round; each process reports medians, each round the 1-minute load.
@@ -34,25 +36,7 @@ from typing import Any
 
 import numpy as np
 
-SETUPS = ("own", "shared", "alone")
-_SIZED: list[int] = []
-
-
-def shared_pool_options(threads: int) -> Any:
-    """SessionOptions on onnxruntime's shared intra-op pool for this process (`threads`
-    threads, sized by the first call; the pool is process-wide, and onnxruntime then refuses
-    any session with a pool of its own, which is why the library does not use it)."""
-    import onnxruntime as ort
-
-    if not _SIZED:
-        ort.set_global_thread_pool_sizes(threads, 1)
-        _SIZED.append(threads)
-    options = ort.SessionOptions()
-    options.use_per_session_threads = False
-    options.log_severity_level = 3
-    return options
-
-
+SETUPS = ("own", "shared", "alone", "alone-shared")
 CALLS = 30  # alternated head and decoder calls per process
 WHOLE = 3  # whole generations of each kind per process
 NEW_TOKENS = 48
@@ -64,13 +48,15 @@ def measure(package: Path, setup: str, threads: int) -> dict[str, float]:
     from mobius_lite.io_contract import HIDDEN_STATES
     from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.mtp_head import open_head
-    from mobius_lite.run.ort_session import without_spinning
+    from mobius_lite.run.ort_session import on_shared_pool, without_spinning
 
     own = session_options(threads)
+    shared = setup in ("shared", "alone-shared")
     options = {
         "own": without_spinning(own),
-        "shared": shared_pool_options(threads) if setup == "shared" else None,
+        "shared": on_shared_pool(session_options(threads)) if shared else None,
         "alone": own,
+        "alone-shared": on_shared_pool(session_options(threads)) if shared else None,
     }
     decoder = DecoderSession(package / "model.onnx", session_options=options[setup])
     rng = np.random.default_rng(0)
@@ -78,9 +64,10 @@ def measure(package: Path, setup: str, threads: int) -> dict[str, float]:
     decoder.reset(1)
     out = decoder.step(ids, logits_to_keep=1)
     head = None
-    if setup != "alone":
-        shared = setup == "shared"
-        head_options = shared_pool_options(threads) if shared else session_options(threads)
+    if not setup.startswith("alone"):
+        head_options = (
+            on_shared_pool(session_options(threads)) if shared else session_options(threads)
+        )
         head = open_head(package, session_options=head_options)  # own: without spinning
         head.reset(1)
         shifted = np.concatenate([ids[:, 1:], ids[:, :1]], axis=1)
@@ -100,7 +87,7 @@ def measure(package: Path, setup: str, threads: int) -> dict[str, float]:
     figures = {"decoder_step_ms": round(statistics.median(steps[2:]) * 1e3, 3)}
     if drafts:
         figures["head_call_ms"] = round(statistics.median(drafts[2:]) * 1e3, 3)
-    return {**figures, **whole_calls(decoder, ids, setup != "alone")}
+    return {**figures, **whole_calls(decoder, ids, not setup.startswith("alone"))}
 
 
 def whole_calls(decoder: Any, ids: np.ndarray, speculative: bool) -> dict[str, float]:

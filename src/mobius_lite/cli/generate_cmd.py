@@ -8,6 +8,7 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -212,18 +213,28 @@ def context_length(package: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def _threads(args) -> Any:
+    """The sessions' thread setup: onnxruntime's shared pool when `mobius` is the process
+    (ort_session.on_shared_pool: the decoder and its head take turns on it); called from
+    another program (main([...])), pools of their own, the decoder's threads not spinning
+    beside a head (ort_session.without_spinning) and spinning without one."""
+    from mobius_lite.run.ort_session import on_shared_pool, without_spinning
+
+    if getattr(args, "process_entry", False):
+        return on_shared_pool()
+    return without_spinning() if args.speculative else None
+
+
 def _text(args, decoder_file: Path, ids, providers: list[str], stops: set[int], printer) -> None:
     from mobius_lite.run.decoder_session import DecoderSession
     from mobius_lite.run.greedy import greedy_tokens
     from mobius_lite.run.mtp_head import open_head
-    from mobius_lite.run.ort_session import without_spinning
     from mobius_lite.run.speculative import speculative_greedy
 
-    head = open_head(decoder_file.parent, providers) if args.speculative else None
+    head = open_head(decoder_file.parent, providers, _threads(args)) if args.speculative else None
     if head is not None:
         _warn_if_inexact_verification(decoder_file)
-    # beside a head, the decoder's threads must not spin between calls (without_spinning)
-    session = DecoderSession(decoder_file, providers, without_spinning() if head else None)
+    session = DecoderSession(decoder_file, providers, _threads(args))
     if head is None:
         printer.stream(greedy_tokens(session, ids, args.max_new_tokens, stop_tokens=stops), ids)
         return
@@ -242,9 +253,8 @@ def _omni(args, package: Path, tokenizer, providers: list[str], ids, printer) ->
     from mobius_lite.media.image import ImageProcessorConfig, load_image, preprocess
     from mobius_lite.media.prompt import expand
     from mobius_lite.run.omni_session import Media, OmniSession
-    from mobius_lite.run.ort_session import without_spinning
 
-    session = OmniSession(package, providers, without_spinning() if args.speculative else None)
+    session = OmniSession(package, providers, _threads(args))
     media = Media()
     image_tokens: list[int] = []
     if args.image:

@@ -133,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_dependencies(argv)
     parser = make_parser(_chosen_command(argv))  # "" (no command named): one-line entries
     args = parser.parse_args(argv)
+    args.process_entry = entry  # the command owns the process (generate_cmd's thread pool)
     where = f"mobius {args.command}"
     try:
         with _signals_interrupt() as finished:

@@ -28,7 +28,7 @@ from mobius_lite.io_contract import (
 )
 from mobius_lite.run.cached_session import CachedSession
 from mobius_lite.run.mtp_depths import DepthChain, DraftTimer
-from mobius_lite.run.ort_session import without_spinning
+from mobius_lite.run.ort_session import quiet_options, shares_pool, without_spinning
 from mobius_lite.run.package_reader import PackageFiles, open_package
 
 
@@ -176,12 +176,16 @@ def head_files(files: PackageFiles) -> list[Path]:
 def head_session(
     path: Path, providers: list[str] | None = None, session_options: Any = None
 ) -> MtpHead:
-    """An MtpHead over a head graph file, its session's threads not spinning between calls
-    (ort_session.without_spinning: the head takes turns with the decoder on the same cores).
-    A fast head's dense projections (listed in its metadata at build) are re-laid as int8
+    """An MtpHead over a head graph file. The head takes turns with the decoder on the same
+    cores: options on the process's shared pool (ort_session.on_shared_pool) are kept;
+    otherwise its own threads do not spin between calls (ort_session.without_spinning). A
+    fast head's dense projections (listed in its metadata at build) are re-laid as int8
     blocks in memory (graphs/draft_int8.py), the other initializers read from the package's
     external data as usual. `session_options` (or new ones) get these config entries."""
-    options = without_spinning(session_options)
+    if shares_pool(session_options):
+        options = quiet_options(session_options)
+    else:
+        options = without_spinning(session_options)
     model = ir.load(path)
     if not relay_draft_int8(model):
         return MtpHead(path, providers, options)

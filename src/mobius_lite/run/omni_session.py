@@ -36,7 +36,13 @@ from mobius_lite.layout import CONFIG_FILE
 from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.greedy import Generation, check_prompt, greedy, greedy_tokens, stop_token_ids
 from mobius_lite.run.mtp_head import open_head
-from mobius_lite.run.ort_session import CPU, create_session, input_dtypes
+from mobius_lite.run.ort_session import (
+    CPU,
+    create_session,
+    input_dtypes,
+    on_shared_pool,
+    shares_pool,
+)
 from mobius_lite.run.package_reader import open_package
 from mobius_lite.run.speculative import (
     SpeculationOptions,
@@ -295,7 +301,9 @@ class OmniSession:
         `adaptive`) by the package's MTP head and verified by the decoder
         (run/speculative.py); every decoder call's outputs (none unless `keep_outputs`); also
         the draft counts."""
-        head = open_head(self.files, self.providers)
+        # on the process's shared thread pool when this session's graphs are (they take turns)
+        shared = on_shared_pool() if shares_pool(self.session_options) else None
+        head = open_head(self.files, self.providers, shared)
         prepared = self.prepare(input_ids, media)
         outputs: list[dict[str, np.ndarray]] = []
         options = SpeculationOptions(

@@ -86,13 +86,49 @@ ALLOW_SPINNING = "session.intra_op.allow_spinning"
 
 def without_spinning(options: Any = None) -> Any:
     """quiet_options whose intra-op threads block as soon as a call ends instead of spinning:
-    for sessions that take turns on the same cores (a decoder and its draft head). A spinning
+    for sessions with pools of their own that take turns on the same cores (a decoder and
+    its draft head, in a process that is not the library's alone: on_shared_pool). A spinning
     pool keeps the cores from the other session's next call: on the mid model with 2 threads
     on 2 cores, the real f32 head at 85% (simulated) acceptance ran at 0.56x plain with both
     sessions spinning and 1.05x with neither (docs/speculative.md, "Benchmark")."""
     options = quiet_options(options)
     options.add_session_config_entry(ALLOW_SPINNING, "0")
     return options
+
+
+# whether this process's shared intra-op thread pool was sized here (onnxruntime sizes it once)
+_shared_pool: list[int] = []
+
+
+def on_shared_pool(options: Any = None) -> Any:
+    """quiet_options whose session runs on onnxruntime's one shared intra-op thread pool for
+    the process, which may spin between calls: for a process whose sessions are all this
+    library's (the `mobius` command), where a decoder and its draft head take turns on the
+    same cores. On the mid Q8_0 int8 package with a head, 2 threads, plain greedy decoding
+    took 321-379 ms on it against 409-450 ms on a spinning pool of the session's own, and
+    speculative decoding 280-296 ms against 319-332 ms on pools of their own without spinning
+    (8 alternating rounds; another run of 4 found them equal; docs/speculative.md,
+    "Threads"). The first call sizes the pool from the options' intra_op_num_threads (0:
+    onnxruntime's default, the physical cores); a pool sized earlier in the process is used
+    as it is. Once a process has the shared pool, onnxruntime refuses any later session with
+    a pool of its own, so create_session puts every later session on it too: not for an
+    application that opens onnxruntime sessions of its own."""
+    options = quiet_options(options)
+    if not _shared_pool:
+        try:
+            ort_module().set_global_thread_pool_sizes(max(options.intra_op_num_threads, 0), 1)
+        except ort_errors():  # "Global thread pools have already been created"
+            pass
+        _shared_pool.append(options.intra_op_num_threads)
+    options.use_per_session_threads = False
+    # the pool's sizes are the process's now (onnxruntime warns of a session's own, ignored)
+    options.intra_op_num_threads = options.inter_op_num_threads = 0
+    return options
+
+
+def shares_pool(options: Any) -> bool:
+    """Whether `options` put their session on the process's shared thread pool."""
+    return options is not None and not options.use_per_session_threads
 
 
 class SessionError(PackageError):
@@ -108,10 +144,13 @@ def create_session(
     through as tracebacks)."""
     ort = ort_module()
     providers = providers or [CPU]
+    options = quiet_options(session_options)
+    if _shared_pool and not shares_pool(options):  # onnxruntime refuses a pool of its own now
+        options = on_shared_pool(options)
     try:
         return ort.InferenceSession(
             model if isinstance(model, bytes) else str(model),
-            sess_options=quiet_options(session_options),
+            sess_options=options,
             providers=providers,
         )
     except ort_errors() as exc:
