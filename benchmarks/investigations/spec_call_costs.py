@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mobius_lite.bench.alternating import alternating_rounds, write_rounds
 
 PROMPT = 32
 VERIFY = 4
@@ -124,28 +124,13 @@ def main() -> None:
         return
     if not args.packages:
         parser.error("--packages is required")
-    packages = args.packages.split(",")
-    rounds = []
-    for r in range(args.rounds):
-        order = packages[r % len(packages) :] + packages[: r % len(packages)]
-        row: dict[str, Any] = {"load_average": os.getloadavg()}
-        for package in order:
-            child = [sys.executable, __file__, "--child", package, "--threads", str(args.threads)]
-            done = subprocess.run(
-                [*child, "--repeats", str(args.repeats)], capture_output=True, text=True
-            )
-            if done.returncode:
-                sys.exit(f"{package}: {done.stderr.strip().splitlines()[-1]}")
-            row[package] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(json.dumps(row), flush=True)
-        rounds.append(row)
-    result = {
-        "command": " ".join(["python benchmarks/investigations/spec_call_costs.py", *sys.argv[1:]]),
-        "rounds": rounds,
-        "load_average_after": os.getloadavg(),
-    }
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    children = {
+        package: [sys.executable, __file__, "--child", package, "--threads", str(args.threads),
+                  "--repeats", str(args.repeats)]
+        for package in args.packages.split(",")
+    }  # fmt: skip
+    rounds = alternating_rounds(children, args.rounds)
+    write_rounds("benchmarks/investigations/spec_call_costs.py", rounds, args.json)
 
 
 if __name__ == "__main__":

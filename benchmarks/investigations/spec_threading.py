@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mobius_lite.bench.alternating import alternating_rounds, write_rounds
 
 SETUPS = ("own", "shared", "alone", "alone-shared")
 CALLS = 30  # alternated head and decoder calls per process
@@ -129,27 +129,14 @@ def main() -> None:
         return
     if not args.packages:
         parser.error("--packages is required")
-    runs = [(p, s) for p in args.packages.split(",") for s in SETUPS]
-    rounds = []
-    for r in range(args.rounds):
-        row: dict[str, Any] = {"load_average": os.getloadavg()}
-        for package, setup in runs[r % len(runs) :] + runs[: r % len(runs)]:
-            child = [sys.executable, __file__, "--child", package, setup]
-            done = subprocess.run(
-                [*child, "--threads", str(args.threads)], capture_output=True, text=True
-            )
-            if done.returncode:
-                sys.exit(f"{package} {setup}: {done.stderr.strip().splitlines()[-1]}")
-            row[f"{package} {setup}"] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(json.dumps(row), flush=True)
-        rounds.append(row)
-    result = {
-        "command": " ".join(["python benchmarks/investigations/spec_threading.py", *sys.argv[1:]]),
-        "rounds": rounds,
-        "load_average_after": os.getloadavg(),
-    }
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    children = {
+        f"{package} {setup}": [sys.executable, __file__, "--child", package, setup,
+                               "--threads", str(args.threads)]
+        for package in args.packages.split(",")
+        for setup in SETUPS
+    }  # fmt: skip
+    rounds = alternating_rounds(children, args.rounds)
+    write_rounds("benchmarks/investigations/spec_threading.py", rounds, args.json)
 
 
 if __name__ == "__main__":
