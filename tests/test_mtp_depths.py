@@ -475,9 +475,9 @@ def _write_puzzle_depths_checkpoint(directory: Path, depths: int, seed: int = 0)
 
     from reference_fixtures.mtp_fixtures import (
         PUZZLE_MTP_BLOCKS,
-        HeadShape,
         head_tensors,
         puzzle_block_config,
+        puzzle_head_shape,
     )
     from reference_fixtures.mtp_reference import MTPDepthReference
     from reference_fixtures.puzzle_fixtures import (
@@ -495,16 +495,7 @@ def _write_puzzle_depths_checkpoint(directory: Path, depths: int, seed: int = 0)
     checkpoint, model = write_puzzle_checkpoint(raw, directory, seed=seed)
     model = model.float().eval()
     attention, moe = (puzzle_block_config(raw, block) for block in PUZZLE_MTP_BLOCKS)
-    shape = HeadShape(
-        hidden=raw["hidden_size"],
-        heads=attention.num_attention_heads,
-        kv_heads=attention.num_key_value_heads,
-        head_dim=attention.head_dim,
-        experts=moe.n_routed_experts,
-        inner=moe.moe_intermediate_size,
-        shared_inner=moe.moe_shared_expert_intermediate_size,
-        latent=moe.moe_latent_size,
-    )
+    shape = puzzle_head_shape(raw)
     rng = np.random.default_rng(seed + 400)
     head: dict[str, np.ndarray] = {}
     for depth in range(depths):
