@@ -73,3 +73,44 @@ def test_left_padded_text_batch_equals_plain_greedy(package, k: int) -> None:
     assert np.array_equal(np.array(tokens), plain)
     assert stats.proposed > 0
     assert not state_failures(session.decoder.past, plain_state)
+
+
+SHARED_POOL_CHILD = """
+import sys
+import numpy as np
+import torch
+from mobius_lite.run.omni_session import Media, OmniSession
+from mobius_lite.run.ort_session import on_shared_pool, shares_pool
+from reference_fixtures.omni_fixtures import pack_images
+
+package, image_token, merge = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+gen = torch.Generator().manual_seed(3)
+pixels, grid = pack_images([torch.randn(3, 16, 24, generator=gen)])
+rows = int(grid.prod(-1).sum()) // merge
+ids = np.array([[5, 17, *([image_token] * rows), 33, 8]], dtype=np.int64)
+media = Media(pixel_values=pixels, image_grid_hw=grid)
+session = OmniSession(package, None, on_shared_pool())
+assert shares_pool(session.decoder.session.get_session_options())
+plain = session.generate(ids, media, 24)
+tokens, _, stats = session.generate_speculative(ids, media, 24, 2, adaptive=False)
+assert tokens == plain.tokens and stats.proposed > 0, (tokens, plain.tokens)
+print("OK")
+"""
+
+
+def test_image_prompt_on_the_shared_pool(package) -> None:
+    """`mobius generate` as a command runs an Omni package's graphs and head on the process's
+    shared thread pool (ort_session.on_shared_pool; process-wide, so in a child process): an
+    image prompt's speculative tokens equal its plain greedy tokens there."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]  # reference_fixtures
+    done = subprocess.run(
+        [sys.executable, "-c", SHARED_POOL_CHILD, str(package), str(IMAGE_TOKEN), str(MERGE)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-2000:]
