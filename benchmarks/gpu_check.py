@@ -18,6 +18,9 @@ Routes (each line starts PASS, FAIL, SKIP or, in a dry run, BUILT):
   and present after a 5-position call (FP32 gates), then speculative greedy decoding at K = 4
   with a scripted drafter wrong at every fifth position, batch 1 and 2: tokens identical to
   plain decoding, rejections cut back from the windows (no re-run), final states equal;
+- `mobius generate` run as a command (the decoder and head on onnxruntime's shared thread
+  pool) on the demo MTP checkpoint built for --ep cuda, f16: the same tokens with and without
+  `--speculative 2`;
 - decode speed: the mid model without MLP layers (benchmarks/common.py) in f16 and bf16 on
   the GPU, through mobius_lite.bench (prompt 128, 32 decode calls, 3 rounds): ms/token.
 
@@ -419,6 +422,36 @@ def check_speed(run: Run, dtype: str) -> str:
     )
 
 
+def check_generate_command(run: Run) -> str:
+    """`mobius generate` run as a command (its own process: the decoder and the head on
+    onnxruntime's shared thread pool, run/ort_session.on_shared_pool) on the demo MTP
+    checkpoint built for --ep cuda (f16, ort backend): the same tokens with and without
+    --speculative 2, on the GPU (the dry run: the CPU, where the f16 standard graphs run)."""
+    import subprocess
+
+    package = run.package("mtp", ep="cuda", dtype="f16", weights_backend="ort")
+    ep = "cpu" if run.dry_run else "cuda"
+    label = f"generate command {ep} (shared thread pool; --speculative 2 against plain)"
+
+    def generate(*extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "mobius_lite.cli.main", "generate", str(package)]
+        return subprocess.run(
+            [*command, "--ep", ep, "--prompt-ids", "5,17,33,8", "--max-new-tokens", "16", *extra],
+            capture_output=True,
+            text=True,
+        )
+
+    plain, drafted = generate(), generate("--speculative", "2")
+    for done in (plain, drafted):
+        if done.returncode:
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            if run.dry_run and any(m in why for m in NO_CPU_KERNEL):
+                return f"BUILT {label}: the CPU cannot run it ({why})"
+            return f"FAIL {label}: exit {done.returncode}: {why}"
+    same = plain.stdout == drafted.stdout
+    return f"{'PASS' if same else 'FAIL'} {label}: tokens {'equal' if same else 'differ'}"
+
+
 # ----------------------------------------------------------------------------- routes
 def routes() -> dict[str, Callable[[Run], list[str]]]:
     """Every check by name, in the order it runs (the names --only matches)."""
@@ -453,6 +486,7 @@ def routes() -> dict[str, Callable[[Run], list[str]]]:
             ),
         )
     add("state_window", check_state_window)
+    add("generate command", check_generate_command)
     for dtype in DTYPES:
         add(f"decode speed {dtype}", lambda run, d=dtype: check_speed(run, d))
     return out
