@@ -88,6 +88,22 @@ def test_bench_writes_every_round_and_decodes_the_model(
         assert image.format == "PNG" and image.size[0] > 100
 
 
+def test_bench_as_its_own_process_decodes_greedily(tiny_package, tmp_path: Path) -> None:
+    """`mobius bench` as its own process puts the package's sessions on onnxruntime's shared
+    thread pool, as `mobius generate` does (docs/speculative.md, "Threads"): it still writes
+    its run, and the timed tokens are greedy decoding's."""
+    import subprocess
+
+    package = tiny_package(dtype="f32")
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "mobius_lite.cli.main", "bench", str(package), *SMALL]
+    done = subprocess.run([*command, "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    expected = package_greedy(package, result["prompt"])
+    assert all(run["tokens"] == expected for run in result["rounds"])
+
+
 def test_transformers_peer_decodes_the_same_tokens(
     tiny_package, tiny_checkpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

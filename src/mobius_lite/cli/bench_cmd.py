@@ -98,6 +98,12 @@ def run(args: argparse.Namespace) -> int:
     from mobius_lite.bench.report import table, to_json
 
     package, others = _peers(args)
+    if getattr(args, "process_entry", False):
+        # as `mobius generate` runs a package: its sessions on the process's shared pool
+        from mobius_lite.bench.package_peer import session_options
+        from mobius_lite.run.ort_session import on_shared_pool
+
+        on_shared_pool(session_options(args.threads))  # sized to --threads, before any session
     settings = BenchSettings(
         args.prompt_tokens, args.decode_tokens, args.rounds, args.threads, args.ep
     )
