@@ -319,21 +319,23 @@ def score_head(
         f"acceptance {speculative['accepted']}/{speculative['proposed']} drafts "
         f"(K={speculative['k']}, {speculative['new_tokens']} tokens)"
     )
+
+    def worst(depths: list[int]) -> str:
+        return FAIL if any(parities[j].status == FAIL for j in depths) else NOT_RUN
+
     failing = [j for j, parity in enumerate(parities) if parity.status != PASS]
-    worst = FAIL if any(parities[j].status == FAIL for j in failing) else NOT_RUN
     # a fast draft head (--draft-head fast) computes with int8 activations: the FP32 gates do
     # not apply to its depths; as for --activations int8, the figures are reported, not gated
     gated = [j for j in failing if not (fast[j] and identical)]
     if gated:
-        status = FAIL if any(parities[j].status == FAIL for j in gated) else NOT_RUN
-        return Verdict(status, f"head arrays: {measured(gated)}; {rate}", evidence)
+        return Verdict(worst(gated), f"head arrays: {measured(gated)}; {rate}", evidence)
     if failing:
         return Verdict(
             NOT_GATED,
             f"head arrays not gated: {sum(fast[j] for j in failing)} kernels compute with int8 "
             f"activations (a fast draft head); measured: {measured(failing)}; speculative "
             f"tokens identical; {rate}",
-            {**evidence, "gated_status": worst},
+            {**evidence, "gated_status": worst(failing)},
         )
     if not identical:
         return Verdict(
