@@ -14,8 +14,9 @@ Routes (each line starts PASS, FAIL, SKIP or, in a dry run, BUILT):
   symmetric and asymmetric) against the same quantization built for the CPU in f32, same
   greedy tokens required;
 - the speculation windows of onnxruntime's `state_window` attribute (issue 29,
-  docs/speculative.md) on the demo MTP checkpoint, against the scan route: every window slot
-  and present after a 5-position call (FP32 gates), then speculative greedy decoding at K = 4
+  docs/speculative.md) on the demo MTP checkpoint, against the scan route: every present
+  after a 5-position call and every window slot against the scan route's states rewound from
+  its window inputs (FP32 gates), then speculative greedy decoding at K = 4
   with a scripted drafter wrong at every fifth position, batch 1 and 2: tokens identical to
   plain decoding, rejections cut back from the windows (no re-run), final states equal;
 - `mobius generate` run as a command (the decoder and head on onnxruntime's shared thread
@@ -301,23 +302,35 @@ def gates(name: str, actual: np.ndarray, expected: np.ndarray) -> dict[str, Any]
 
 
 def window_slots(packages: dict[str, Path], providers: list[str]) -> list[dict[str, Any]]:
-    """Check 1: the kernel route's windows and presents against the scan route's."""
+    """Check 1: the kernel route's presents and windows against the scan route's presents and
+    its states rewound from its window inputs after each position (run/state_rewind.py)."""
+    from mobius_lite.io_contract import PRESENT_PREFIX, window_of
     from mobius_lite.run.decoder_session import DecoderSession
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(3, 80, size=(2, 9)).astype(np.int64)
     fed = rng.integers(3, 80, size=(2, 5)).astype(np.int64)
-    outs = {}
+    outs, decoders = {}, {}
     for route, package in packages.items():
-        decoder = DecoderSession(package / DECODER_FILE, providers)
+        decoders[route] = decoder = DecoderSession(package / DECODER_FILE, providers)
         decoder.reset(2)
         decoder.step(prompt)
         outs[route] = decoder.step(fed)
-    return [
+    results = [
         gates(name, outs["kernel"][name], expected)
         for name, expected in outs["scan"].items()
-        if name.startswith("present")
+        if name.startswith(PRESENT_PREFIX)
     ]
+    scan = decoders["scan"]
+    assert scan.rewind is not None, "the scan route's decoder has no window inputs"
+    positions = fed.shape[1]
+    for kept in range(1, positions + 1):
+        rewound = scan.rewind.states(scan.call_past, outs["scan"], positions, kept)
+        assert rewound is not None, "the scan route returned no window inputs"
+        for past_name, state in rewound.items():
+            name = window_of(past_name)
+            results.append(gates(f"{name} slot {kept - 1}", outs["kernel"][name][kept - 1], state))
+    return results
 
 
 def speculation(package: Path, providers: list[str]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import mobius_lite
 from mobius_lite.cli.main import main
+from mobius_lite.enums import RecurrenceInput
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
 from mobius_lite.run.decoder_session import DecoderSession
@@ -147,15 +148,15 @@ def test_accepted_drafts_leave_plain_states(
     package, plain_runs, k: int, batch: int, wrong: str, windows: bool
 ) -> None:
     """Rejections at every position of a round leave plain decoding's states, cut back
-    from the verifying call's own windows (one decoder call a round), or, for a decoder
-    without windows, by the re-run from the snapshot."""
+    from the verifying call's own window inputs (one decoder call a round), or, for a decoder
+    without them, by the re-run from the snapshot."""
     run = plain_runs[batch]
     ids, mask, plain, hidden = run["ids"], run["mask"], run["tokens"], run["hidden"]
     plain_state = run["state"]
     decoder = DecoderSession(package / "model.onnx")
-    assert len(decoder.windows) == 4  # two Mamba layers, conv and SSM state each
+    assert decoder.rewind is not None and len(decoder.rewind.layers) == 2  # two Mamba layers
     if not windows:
-        decoder.windows = {}
+        decoder.rewind = None
     sequence = np.concatenate([ids, plain], axis=1)
     head = ScriptedHead(sequence, decoder.vocab_size, WRONG[wrong])
 
@@ -311,27 +312,35 @@ def test_graphs_outside_the_head_contract_are_refused(package, headless_package)
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_window_slots_are_each_positions_state(package, plain_runs, batch: int) -> None:
-    """A verifying call's present_window.* slot j is the Mamba state after its position j,
-    as stepping the same tokens one call each leaves it (FP32 gates); a one-token call and
-    a call longer than the window (the 9-token prompt) return no slot."""
+def test_window_inputs_are_the_calls_own(package, plain_runs, batch: int) -> None:
+    """A verifying call of 5 positions returns each Mamba layer's recurrence inputs at each
+    position ([5, batch, width]); a one-token call and a call longer than the window (the
+    9-token prompt) return no slot. The conv inputs' last kernel - 1 slots are the call's
+    present conv state, and the rewind over all 5 positions gives its present SSM state, both
+    bit for bit (the same values, the same kernel)."""
     run = plain_runs[batch]
     decoder = DecoderSession(package / "model.onnx")
+    assert decoder.rewind is not None
+    names = [which.window_name(layer.name) for layer in decoder.rewind.layers
+             for which in RecurrenceInput]  # fmt: skip
     decoder.reset(batch)
     out = decoder.step(run["ids"], run["mask"])
-    assert all(out[name].shape[0] == 0 for name in decoder.windows.values())
-    before = (dict(decoder.past), decoder.mask)
+    assert all(out[name].shape[0] == 0 for name in names)
     fed = run["tokens"][:, :5]
     window = decoder.step(fed)
-    stepped = decoder
-    stepped.past, stepped.mask = dict(before[0]), before[1]
-    for j in range(fed.shape[1]):
-        one = stepped.step(fed[:, j : j + 1])
-        assert all(one[name].shape[0] == 0 for name in decoder.windows.values())
-        for past, name in decoder.windows.items():
-            assert window[name].shape[:2] == (5, batch)
-            c = compare(f"{name} slot {j}", window[name][j], stepped.past[past])
-            assert c.passes(FP32_NRMSE, FP32_COSINE), c
+    assert all(window[name].shape[:2] == (5, batch) for name in names)
+    rewound = decoder.rewind.states(decoder.call_past, window, 5, 5)
+    assert rewound is not None and rewound.keys() == set(decoder.rewind.past_names)
+    for layer in decoder.rewind.layers:
+        conv = window[RecurrenceInput.CONV_INPUT.window_name(layer.name)]
+        kernel_taps = decoder.past[layer.conv.past_name].shape[2]
+        np.testing.assert_array_equal(
+            conv[-kernel_taps:].transpose(1, 2, 0), decoder.past[layer.conv.past_name]
+        )
+    for name, state in rewound.items():
+        np.testing.assert_array_equal(state, decoder.past[name])
+    one = decoder.step(run["tokens"][:, 5:6])
+    assert all(one[name].shape[0] == 0 for name in names)
 
 
 class FixedCosts(DraftController):

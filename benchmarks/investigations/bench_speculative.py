@@ -239,7 +239,9 @@ def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     return {
         "tokens_identical_to_plain": not differing,
         "modes_with_other_tokens": sorted(differing),
-        "decoder_windows": len(decoder.windows),
+        # Mamba layers whose states a rejected draft rewinds from the call's window inputs
+        "decoder_rewound_layers": len(decoder.rewind.layers) if decoder.rewind else 0,
+        "decoder_state_windows": len(decoder.windows),
         "head_call_cost": head_call_cost(decoder, new_head(), ids, args.repeats),
         "modes": results,
     }

@@ -6,8 +6,8 @@ the same state after a prompt, this compares the logits of each position both wa
 then finds the first tensor whose first row differs between a one-position and a
 four-position call (every MatMulNBits / QMoE / Add / RMSNormalization input and output made a
 graph output), and repeats the comparison with every int8-activation kernel moved to
-accuracy_level 0 (f32 activations). With speculation windows it also compares each window
-slot (the Mamba state a rewind keeps) with the state one-position steps leave.
+accuracy_level 0 (f32 activations). With speculation windows it also compares the Mamba
+states a rewind keeps after each prefix with the states one-position steps leave.
 
 Usage (a package built with a decoder that has no speculation windows or with them):
     python benchmarks/investigations/verify_vs_steps.py PACKAGE [--json OUT.json]
@@ -71,21 +71,27 @@ def steps_vs_call(path: Path, threads: int) -> list[float]:
 
 def windows_vs_steps(path: Path, threads: int) -> dict[str, list[float]] | None:
     """Per state kind (conv_state, recurrent_state) and kept prefix j = 1..POSITIONS-1: the
-    largest absolute difference between the verifying call's window slot j - 1 (what a
-    rewind keeps) and the state j one-position steps leave; None without windows."""
+    largest absolute difference between the state a rewind keeps after the verifying call's
+    first j positions (its window inputs, run/state_rewind.py; or its state windows' slot
+    j - 1) and the state j one-position steps leave; None without either."""
     decoder, token, state = prefilled(path, threads)
-    if not decoder.windows:
+    if not decoder.windows and decoder.rewind is None:
         return None
     tokens = np.array([[token] + [3 + i for i in range(POSITIONS - 1)]], dtype=np.int64)
     call = decoder.step(tokens, logits_to_keep=POSITIONS)
+    call_past = decoder.call_past
     worst: dict[str, list[float]] = {}
     for kept in range(1, POSITIONS):
+        if decoder.rewind is not None:
+            kept_states = decoder.rewind.states(call_past, call, POSITIONS, kept) or {}
+        else:
+            kept_states = {past: call[window][kept - 1] for past, window in decoder.windows.items()}
         decoder.past, decoder.mask = dict(state[0]), state[1]
         for j in range(kept):
             decoder.step(tokens[:, j : j + 1], logits_to_keep=1)
-        for past_name, window_name in decoder.windows.items():
+        for past_name, kept_state in kept_states.items():
             kind = past_name.rsplit(".", 1)[-1]
-            gap = float(np.abs(call[window_name][kept - 1] - decoder.past[past_name]).max())
+            gap = float(np.abs(kept_state - decoder.past[past_name]).max())
             row = worst.setdefault(kind, [0.0] * (POSITIONS - 1))
             row[kept - 1] = max(row[kept - 1], gap)
     return worst

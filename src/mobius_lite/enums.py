@@ -55,6 +55,22 @@ class StateRole(str, enum.Enum):
         return io_contract.window_name(layer, self.value)
 
 
+class RecurrenceInput(str, enum.Enum):
+    """What a Mamba layer's verifying call returns per position so that the runtime can
+    re-derive its states after any prefix (components/state_window.py, run/state_rewind.py):
+    the conv's input channels and the SSD recurrence's key, value and decay. The value is the
+    suffix in window_input.{layer}.<suffix>."""
+
+    CONV_INPUT = "conv_input"
+    KEY = "key"
+    VALUE = "value"
+    DECAY = "decay"
+
+    def window_name(self, layer: int | str) -> str:
+        """The decoder output holding this input at each position of a short call."""
+        return io_contract.window_input_name(layer, self.value)
+
+
 class GraphRole(str, enum.Enum):
     """One graph of a package; the value is its key in manifest.json and genai_config.json."""
 

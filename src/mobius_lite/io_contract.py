@@ -21,11 +21,18 @@ MTP_HIDDEN_STATES = "mtp_hidden_states"
 # Per-block outputs of an instrumented decoder: hidden_states.{i}.
 LAYER_HIDDEN_PREFIX = "hidden_states."
 
-# The cache: past_key_values.{layer}.{role} in, present.{layer}.{role} out, and (packages with
-# a speculation window) present_window.{layer}.{role}, a Mamba state after each position.
+# The cache: past_key_values.{layer}.{role} in, present.{layer}.{role} out. Packages with a
+# speculation window also return, for a short call, either a Mamba layer's recurrence inputs
+# at each position, window_input.{layer}.{input} (the runtime re-derives the state after any
+# prefix from them: run/state_rewind.py), or, from onnxruntime's state_window kernels (CUDA),
+# each Mamba state after each position, present_window.{layer}.{role}.
 PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."
 WINDOW_PREFIX = "present_window."
+WINDOW_INPUT_PREFIX = "window_input."
+# Decoder metadata of a package with window inputs: the domain of its recurrence op
+# (LinearAttention), which the runtime's state rewind must run for the same kernel.
+RECURRENCE_DOMAIN = "mobius_lite.recurrence_domain"
 # Decoder metadata: calls of up to this many positions compute each position exactly as a
 # one-position call does (an int8-activation decoder's experts run row by row:
 # components/row_by_row.py); absent, a verifying call agrees with steps to rounding only.
@@ -56,6 +63,23 @@ def present_name(layer: int | str, role: str) -> str:
 def window_name(layer: int | str, role: str) -> str:
     """present_window.{layer}.{role}: a state after each position of a short call."""
     return f"{WINDOW_PREFIX}{layer}.{role}"
+
+
+def window_input_name(layer: int | str, recurrence_input: str) -> str:
+    """window_input.{layer}.{input}: a Mamba layer's recurrence input at each position of a
+    short call."""
+    return f"{WINDOW_INPUT_PREFIX}{layer}.{recurrence_input}"
+
+
+def layer_of(past: str) -> str:
+    """The layer part of a past_key_values.{layer}.{role} name ("3", "mtp.0")."""
+    return past.removeprefix(PAST_PREFIX).rsplit(".", 1)[0]
+
+
+def is_window_output(name: str) -> bool:
+    """Whether a decoder output is a speculation window's (present_window.* or
+    window_input.*): a runtime aid with no reference array."""
+    return name.startswith((WINDOW_PREFIX, WINDOW_INPUT_PREFIX))
 
 
 def present_of(past: str) -> str:

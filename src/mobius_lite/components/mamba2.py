@@ -22,14 +22,14 @@ from mobius_lite.components.context import BuildContext
 from mobius_lite.components.linear import Linear
 from mobius_lite.components.norms import GatedGroupRMSNorm
 from mobius_lite.components.state_window import (
-    conv_window,
     kernel_past,
     kernel_presents,
-    ssm_window_by_steps,
+    positions_first,
+    recurrence_input_widths,
     windowed,
 )
 from mobius_lite.configs.layers import MambaSpec
-from mobius_lite.enums import Backend
+from mobius_lite.enums import Backend, RecurrenceInput, StateRole
 from mobius_lite.errors import ConfigError
 from mobius_lite.formats.contrib import contrib_op, typed
 
@@ -124,9 +124,11 @@ class Mamba2Mixer(nn.Module):
     ) -> tuple[ir.Value, ...]:
         """x: [rows, hidden]; token_mask: [rows, 1] (1 real token, 0 padding) in FP32.
 
-        Returns (output [rows, hidden], present conv_state, present recurrent_state), and
-        with a speculation window also the conv and recurrent state windows
-        (components/state_window.py).
+        Returns (output [rows, hidden], present conv_state, present recurrent_state, windows):
+        with a speculation window, `windows` holds the outputs of a short call that let the
+        runtime continue from any prefix of it (components/state_window.py): the recurrence
+        inputs at each position by RecurrenceInput, or, from the state_window kernels, each
+        state after each position by StateRole; empty without a window.
         """
         s = self.spec
         group_width = s.n_groups * s.ssm_state_size
@@ -165,17 +167,17 @@ class Mamba2Mixer(nn.Module):
         normed = self.norm(op, y, gate)
         out = self.out_proj(op, cast_to(op, normed, self.dtype))
         if not self.window:
-            return out, present_conv, present_ssm
+            return out, present_conv, present_ssm, {}
         if self.kernel:
-            slots = [
-                cast_to(op, conv_slots, past_conv.dtype),
-                cast_to(op, ssm_slots, past_ssm.dtype),
-            ]
-            return out, present_conv, present_ssm, *slots
-        windows = self._windows(
-            op, dims, past_conv, past_ssm, xbc_channels_first, (query, key, value, decay)
+            windows = {
+                StateRole.CONV: cast_to(op, conv_slots, past_conv.dtype),
+                StateRole.RECURRENT: cast_to(op, ssm_slots, past_ssm.dtype),
+            }
+            return out, present_conv, present_ssm, windows
+        inputs = self._window_inputs(
+            op, dims, past_conv.dtype, xbc_channels_first, (key, value, decay)
         )
-        return out, present_conv, present_ssm, *windows
+        return out, present_conv, present_ssm, inputs
 
     def _time_step(self, op: OpBuilder, dt: ir.Value) -> ir.Value:
         """dt = clamp(softplus(dt + dt_bias), time_step_limit), FP32, [rows, heads]."""
@@ -246,69 +248,63 @@ class Mamba2Mixer(nn.Module):
         """The SSD recurrence on LinearAttention ("gated"): (y FP32, present SSM state in the
         cache dtype, its window from the state_window kernel or None)."""
         past = kernel_past(op, to_float32(op, past_ssm), self.kernel)
-        y, present_ssm = self._linear_attention(op, query, key, value, decay, past, self.kernel)
+        operands = (query, key, value, decay, past)
+        heads = self.spec.num_heads
+        y, present_ssm = gated_recurrence(op, *operands, heads, self.contrib, self.kernel)
         present_ssm, slots = kernel_presents(op, present_ssm, dims.sequence, self.kernel)
         return y, cast_to(op, present_ssm, past_ssm.dtype), slots
 
-    def _linear_attention(
-        self,
-        op: OpBuilder,
-        query: ir.Value,
-        key: ir.Value,
-        value: ir.Value,
-        decay: ir.Value,
-        past: ir.Value,
-        state_window: int = 0,
-    ) -> tuple[ir.Value, ir.Value]:
-        """One LinearAttention ("gated") call as this mixer makes it: (y, present) FP32."""
-        heads = self.spec.num_heads
-        y, present = op.LinearAttention(
-            query,
-            key,
-            value,
-            past,
-            decay,
-            update_rule="gated",
-            q_num_heads=heads,
-            kv_num_heads=heads,
-            scale=1.0,
-            _outputs=2,
-            **(contrib_op(op) if self.contrib else {}),
-            **({"state_window": state_window} if state_window else {}),
-        )
-        return typed(y, FLOAT), typed(present, FLOAT)
-
-    def _windows(
+    def _window_inputs(
         self,
         op: OpBuilder,
         dims: Dims,
-        past_conv: ir.Value,
-        past_ssm: ir.Value,
+        conv_dtype: ir.DataType,
         conv_input: ir.Value,
-        operands: tuple[ir.Value, ir.Value, ir.Value, ir.Value],
-    ) -> list[ir.Value]:
-        """The conv and SSM state windows of a short call (components/state_window.py):
-        conv_input [B, conv_dim, T] FP32, and the SSD recurrence's (query, key, value,
-        decay). The SSM slots come from one-position LinearAttention calls, the plain step's
-        own kernel, so each equals the state a plain step leaves bit for bit."""
-        s = self.spec
-        heads, state, head_dim = s.num_heads, s.ssm_state_size, s.head_dim
-        past_conv_f32, past_ssm_f32 = to_float32(op, past_conv), to_float32(op, past_ssm)
+        operands: tuple[ir.Value, ir.Value, ir.Value],
+    ) -> dict[RecurrenceInput, ir.Value]:
+        """A short call's recurrence inputs at each position, window axis first
+        (components/state_window.py): conv_input [B, conv_dim, T] FP32 (kept in the conv
+        cache's dtype, as its state keeps it) and the SSD recurrence's (key, value, decay)
+        [B, T, width] FP32."""
+        widths = recurrence_input_widths(self.spec, conv_dtype)
 
-        def step(op: OpBuilder, *one: ir.Value) -> ir.Value:
-            *qkv, decay, state_before = one
-            return self._linear_attention(op, *qkv, decay, state_before)[1]
+        def compute(op: OpBuilder) -> list[ir.Value]:
+            conv = op.Transpose(conv_input, perm=[2, 0, 1])  # [T, B, conv_dim]
+            return [conv, *(positions_first(op, value) for value in operands)]
 
-        return windowed(
-            op,
-            dims.sequence,
-            self.window,
-            [
-                ("conv_window", past_conv.dtype, (s.conv_dim, s.conv_kernel - 1)),
-                ("ssm_window", past_ssm.dtype, (heads, state, head_dim)),
-            ],
-            lambda op: [
-                conv_window(op, past_conv_f32, conv_input, s.conv_kernel),
-                ssm_window_by_steps(op, past_ssm_f32, operands, step, (heads, state, head_dim)),
-            ],
-        )
+        outputs = [(name.value, dtype, (width,)) for name, (dtype, width) in widths.items()]
+        values = windowed(op, dims.sequence, self.window, outputs, compute)
+        return dict(zip(widths, values, strict=True))
+
+
+def gated_recurrence(
+    op: OpBuilder,
+    query: ir.Value,
+    key: ir.Value,
+    value: ir.Value,
+    decay: ir.Value,
+    past: ir.Value,
+    heads: int,
+    contrib: bool,
+    state_window: int = 0,
+) -> tuple[ir.Value, ir.Value]:
+    """The SSD recurrence as one LinearAttention ("gated") call, scale 1: (y, present) FP32.
+    query / key [B, T, heads * state], value [B, T, heads * head_dim], decay [B, T, heads],
+    past [B, heads, state, head_dim] FP32. `contrib`: onnxruntime's com.microsoft twin. The
+    mixer and the runtime's state rewind (graphs/state_rewind.py) both call it, so the two
+    run the same kernel."""
+    y, present = op.LinearAttention(
+        query,
+        key,
+        value,
+        past,
+        decay,
+        update_rule="gated",
+        q_num_heads=heads,
+        kv_num_heads=heads,
+        scale=1.0,
+        _outputs=2,
+        **(contrib_op(op) if contrib else {}),
+        **({"state_window": state_window} if state_window else {}),
+    )
+    return typed(y, FLOAT), typed(present, FLOAT)

@@ -1,41 +1,40 @@
-"""Per-position Mamba states of a short call: what a speculative verifying call returns so
-that the runtime can continue from any accepted prefix without a second decoder call.
+"""What a speculative verifying call returns so that the runtime can continue from any
+accepted prefix of it without a second decoder call.
 
 A call of T positions with 2 <= T <= W (the build's window) also returns, per Mamba layer,
-the conv state and the SSM state after each of its T positions, stacked on a leading axis:
-conv [T, batch, conv_dim, kernel - 1] and SSM [T, batch, heads, state, head_dim] (slot j:
-the state after position j; slot T - 1 equals the present). Any other call (a one-token
-step, a prefill longer than W) returns windows with no slot, so plain decoding pays one If
-node per layer and nothing else. The layout is onnxruntime's `state_window` one (window
-axis first); docs/speculative.md gives the design.
+the recurrence's inputs at each position, window axis first: the conv's input channels
+[T, batch, conv_dim] (in the conv cache's dtype) and the SSD recurrence's key, value and
+decay [T, batch, width] (FP32), as window_input.{layer}.{input} (enums.RecurrenceInput). Any
+other call (a one-token step, a prefill longer than W) returns them with no slot, so plain
+decoding pays one If node per layer and nothing else.
 
-The windows use standard ONNX ops only (any execution provider; onnxruntime 1.32's CPU
-kernels refuse `state_window > 0`):
-- conv: the state after position j is the last kernel - 1 inputs up to it, a sliding
-  window over concat(past_conv, x), gathered;
-- SSM: the state after each position from one-position calls of the recurrence kernel a
-  plain step makes, in a Loop over the call's positions (ssm_window_by_steps), so that a
-  slot equals the state plain decoding leaves bit for bit. A closed form over the call
-  (S_j = exp(sum g) S_0 + sum_i exp(segment sums) k_i v_i^T, one batched MatMul) was the
-  first design: 3-6e-11 from the steps' states on the mid int8 package, enough that an
-  int8-activation decoder rewound to a prefix could in principle continue otherwise than
-  plain decoding; the steps cost about 3% more on a 4-position verifying call there.
+From them the runtime re-derives the states after the accepted n + 1 positions
+(run/state_rewind.py), and only when a draft was rejected: the conv state is the last
+kernel - 1 inputs up to position n (a copy), the SSM state one call of the decoder's own
+recurrence kernel over those positions from the call's past state (graphs/state_rewind.py).
+onnxruntime's CPU kernel runs that recurrence one position at a time, so the state it leaves
+equals the one n + 1 one-position steps leave bit for bit. Two designs came first and were
+dropped: every state after every position computed in the graph, by a closed form (3-6e-11
+from the steps' states) and then by a Loop of one-position kernel calls (exact): either
+wrote T copies of every Mamba state a call, which cost a 4-position verifying call on the
+mid f32 model about 6 ms of 33 (docs/speculative.md).
 
 The kernel route (`kernel_past` / `kernel_presents`, CUDA only, opt-in) asks onnxruntime's
-com.microsoft ops for the windows instead (their `state_window` attribute): the past state is
-given W slots (only the last is read), the present is the last slot, and the window is the
-last min(T, W) slots, which for T <= W are the call's T positions.
+com.microsoft ops for each state after each position instead (their `state_window`
+attribute), returned as present_window.{layer}.{role}: the past state is given W slots (only
+the last is read), the present is the last slot, and the window is the last min(T, W) slots,
+which for T <= W are the call's T positions.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
 from onnxscript import OpBuilder
 
-from mobius_lite.components.common import FLOAT, cast_to, loop_body
+from mobius_lite.components.common import FLOAT, cast_to
+from mobius_lite.configs.layers import MambaSpec
+from mobius_lite.enums import RecurrenceInput
 
 INT64 = ir.DataType.INT64
 # The most positions a verifying call may cover and still get its windows: K drafts + 1.
@@ -47,58 +46,22 @@ def _ints(op: OpBuilder, *values: int) -> ir.Value:
     return op.Constant(value_ints=list(values))
 
 
-def conv_window(op: OpBuilder, past: ir.Value, x: ir.Value, kernel: int) -> ir.Value:
-    """past [B, C, kernel-1], x [B, C, T] (FP32) -> [T, B, C, kernel-1]: the conv carry state
-    after each position (the last kernel-1 inputs up to and including it)."""
-    joined = op.Concat(past, x, axis=2)  # [B, C, kernel - 1 + T]
-    one = op.Constant(value=ir.tensor(1, dtype=INT64))
-    length = op.Squeeze(op.Shape(x, start=2, end=3), _ints(op, 0))
-    slots = op.Range(one, op.Add(length, one), one)
-    taps = op.Constant(value=ir.tensor(np.arange(kernel - 1, dtype=np.int64)))
-    # slot j reads joined[..., j + 1 + m] for m < kernel - 1
-    index = op.Add(op.Unsqueeze(slots, _ints(op, 1)), op.Unsqueeze(taps, _ints(op, 0)))
-    gathered = op.Gather(joined, index, axis=2)  # [B, C, T, kernel - 1]
-    return op.Transpose(gathered, perm=[2, 0, 1, 3])
+def recurrence_input_widths(
+    spec: MambaSpec, conv_dtype: ir.DataType
+) -> dict[RecurrenceInput, tuple[ir.DataType, int]]:
+    """Each window input's (dtype, width) for a Mamba layer of `spec`: the conv input in the
+    conv cache's dtype, the SSD recurrence's key, value and decay in FP32."""
+    return {
+        RecurrenceInput.CONV_INPUT: (conv_dtype, spec.conv_dim),
+        RecurrenceInput.KEY: (FLOAT, spec.num_heads * spec.ssm_state_size),
+        RecurrenceInput.VALUE: (FLOAT, spec.num_heads * spec.head_dim),
+        RecurrenceInput.DECAY: (FLOAT, spec.num_heads),
+    }
 
 
-# (op, query, key, value, decay: one position each [B, 1, ...], state [B, H, N, P]) -> the
-# state after that position, as the call's own recurrence kernel computes it
-RecurrenceStep = Callable[[OpBuilder, ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], ir.Value]
-
-
-def ssm_window_by_steps(
-    op: OpBuilder,
-    past: ir.Value,
-    operands: tuple[ir.Value, ir.Value, ir.Value, ir.Value],
-    step: RecurrenceStep,
-    state_shape: tuple[int, int, int],
-) -> ir.Value:
-    """past [B, H, N, P] FP32; operands (query, key, value, decay) [B, T, ...] in the
-    recurrence kernel's layout -> [T, B, H, N, P]: the SSM state after each position, each
-    made by one one-position call of the kernel a plain step makes. So a slot equals the
-    state a plain step leaves bit for bit, which the closed form (ssm_window) does not
-    (3e-11 apart on the mid int8 package), and an int8-activation decoder continues from a
-    rewound prefix exactly as plain decoding does."""
-    length = op.Squeeze(op.Shape(operands[0], start=1, end=2), _ints(op, 0))
-    axis = _ints(op, 1)
-
-    def iteration(op: OpBuilder, position: ir.Value, cond: ir.Value, state: ir.Value):
-        start = op.Unsqueeze(position, _ints(op, 0))
-        end = op.Add(start, _ints(op, 1))
-        one = [op.Slice(value, start, end, axis) for value in operands]
-        after = step(op, *one, state)
-        return op.Identity(cond), after, op.Identity(after)
-
-    heads, state_size, head_dim = state_shape
-    shape = ir.Shape(["batch", heads, state_size, head_dim])
-    body = loop_body(
-        op, iteration, [("state", FLOAT, shape)], [("state_slot", FLOAT, shape)], "ssm_steps"
-    )
-    true = op.Constant(value=ir.tensor(True, dtype=ir.DataType.BOOL))
-    _, slots = op.Loop(length, true, past, body=body, _outputs=2)
-    slots.type = ir.TensorType(FLOAT)
-    slots.shape = ir.Shape(["window", "batch", heads, state_size, head_dim])
-    return slots
+def positions_first(op: OpBuilder, value: ir.Value) -> ir.Value:
+    """[batch, T, width] -> [T, batch, width]: a per-position value, window axis first."""
+    return op.Transpose(value, perm=[1, 0, 2])
 
 
 def windowed(
@@ -109,7 +72,7 @@ def windowed(
     compute,
 ) -> list[ir.Value]:
     """An If that runs `compute(op) -> values` when 2 <= sequence <= window and otherwise
-    returns, for each (name, dtype, state shape without batch) of `then_outputs`, a tensor
+    returns, for each (name, dtype, shape without window and batch) of `then_outputs`, a tensor
     with no slot ([0, 1, *shape]). `sequence`: int64 [1], the call's positions."""
     two = op.Constant(value=ir.tensor(np.array([2], dtype=np.int64)))
     most = op.Constant(value=ir.tensor(np.array([window], dtype=np.int64)))

@@ -58,7 +58,7 @@ from mobius_lite.evaluation.validity import (
     source_fidelity,
 )
 from mobius_lite.hashing import sha256_file
-from mobius_lite.io_contract import LOGITS, WINDOW_PREFIX
+from mobius_lite.io_contract import LOGITS, is_window_output
 from mobius_lite.layout import CONFIG_FILE, DECODER_FILE, GENAI_CONFIG_FILE, GRAPH_FILES
 from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.greedy import greedy
@@ -269,7 +269,7 @@ def _profiled_run(
     arrays: dict[str, np.ndarray] = {}
     for step, out in zip(_step_names(steps), plain, strict=True):
         for name, value in out.items():
-            if not name.startswith(WINDOW_PREFIX):  # a runtime aid with no reference array
+            if not is_window_output(name):  # a runtime aid with no reference array
                 arrays[f"{step}/{name}"] = value
     return facts, arrays, tokens
 
@@ -303,7 +303,7 @@ def _merge_taps(
     for step, out in zip(names, tapped, strict=True):
         for name, value in out.items():
             key = f"{step}/{name}"
-            if name.startswith(WINDOW_PREFIX):
+            if is_window_output(name):
                 continue
             if name in taps.taps:
                 arrays[key] = value

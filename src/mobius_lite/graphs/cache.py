@@ -1,9 +1,11 @@
 """The decoder's cache ABI: which past/present tensors exist, with names, dtypes and shapes.
 
 One function derives it from the per-layer specs; the graph builder, genai_config writer,
-qualification harness and tests all read it from here. The names themselves (the
-past_key_values. / present. / present_window. prefixes) are spelled in io_contract.py, through
-StateRole, which the runtime pairs inputs with outputs by.
+qualification harness and tests all read it from here, and another the outputs a decoder
+with a speculation window adds per Mamba layer (window_input.*). The names themselves (the
+past_key_values. / present. / present_window. / window_input. prefixes) are spelled in
+io_contract.py, through StateRole and RecurrenceInput, which the runtime pairs inputs with
+outputs by.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from mobius_lite.components.state_window import recurrence_input_widths
 from mobius_lite.configs import LayerSpec, NemotronHConfig
-from mobius_lite.enums import LayerKind, StateRole
+from mobius_lite.enums import LayerKind, RecurrenceInput, StateRole
 
 BATCH = "batch"
 PAST = "past_sequence"
@@ -86,6 +89,42 @@ def cache_tensors(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[Cac
                     (BATCH, m.num_heads, m.ssm_state_size, m.head_dim),
                 )
             )
+    return out
+
+
+@dataclass(frozen=True)
+class WindowInput:
+    """One window_input.{layer}.{input} output of a decoder with a speculation window: a Mamba
+    layer's recurrence input at each position of a short call, [window, batch, width]
+    (components/state_window.py)."""
+
+    layer: int | str
+    recurrence_input: RecurrenceInput
+    dtype: ir.DataType
+    width: int
+
+    @property
+    def name(self) -> str:
+        return self.recurrence_input.window_name(self.layer)
+
+    @property
+    def shape(self) -> tuple[int | str, ...]:
+        return ("window", BATCH, self.width)
+
+
+def window_inputs(layers: tuple[LayerSpec, ...], dtype: ir.DataType) -> list[WindowInput]:
+    """Every window_input.* output of a decoder of `layers` with a speculation window: per
+    Mamba layer the conv input (in the conv cache's dtype, `dtype`) and the SSD recurrence's
+    key, value and decay (FP32), in RecurrenceInput order."""
+    out: list[WindowInput] = []
+    for layer in layers:
+        if layer.kind is not LayerKind.MAMBA:
+            continue
+        widths = recurrence_input_widths(layer.mamba, dtype)
+        out += [
+            WindowInput(layer.cache_layer, which, width_dtype, width)
+            for which, (width_dtype, width) in widths.items()
+        ]
     return out
 
 

@@ -11,7 +11,8 @@ from onnxscript import GraphBuilder
 from mobius_lite.components.context import BuildContext, apply_weight_formats
 from mobius_lite.configs import NemotronHConfig
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
-from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors
+from mobius_lite.graphs.cache import BATCH, CacheTensor, cache_tensors, window_inputs
+from mobius_lite.graphs.state_rewind import recurrence_domain
 from mobius_lite.io_contract import (
     ATTENTION_MASK,
     HIDDEN_STATES,
@@ -20,6 +21,7 @@ from mobius_lite.io_contract import (
     LAYER_HIDDEN_PREFIX,
     LOGITS,
     LOGITS_TO_KEEP,
+    RECURRENCE_DOMAIN,
     ROW_BY_ROW_WINDOW,
 )
 from mobius_lite.models.nemotron_h import NemotronHForCausalLM
@@ -57,11 +59,14 @@ def build_decoder(
     `hidden_states` [batch, sequence, hidden] (after the final norm, every position), which
     the MTP head reads (packages with a head). logits_from_embeddings: the logits weight is
     the embedding table (models/nemotron_h_names.logits_from_embeddings decides it from the
-    source). speculation_window W > 0 adds, per Mamba state, the output
-    present_window.{layer}.{role} [window, batch, ...]: the state after each position of a
-    call of 2..W positions, no slot otherwise (components/state_window.py), so a speculative
-    runtime continues from an accepted prefix without a second call. window_kernel: take the
-    windows from onnxruntime's `state_window` attribute (ort backend, CUDA kernels only).
+    source). speculation_window W > 0 adds, per Mamba layer, the outputs
+    window_input.{layer}.{input} [window, batch, width]: its recurrence inputs at each
+    position of a call of 2..W positions, no slot otherwise (components/state_window.py), so a
+    speculative runtime continues from an accepted prefix without a second decoder call
+    (run/state_rewind.py); the metadata RECURRENCE_DOMAIN names the recurrence kernel's
+    domain for it. window_kernel: instead, per Mamba state, present_window.{layer}.{role}
+    [window, batch, ...], the state after each position, from onnxruntime's `state_window`
+    attribute (ort backend, CUDA kernels only).
     """
     ctx = ctx or BuildContext.dense()
     if speculation_window:
@@ -90,11 +95,16 @@ def build_decoder(
     logits.type = ir.TensorType(ir.DataType.FLOAT)
     logits.shape = ir.Shape([BATCH, "logits_sequence", config.vocab_size])
     outputs = [logits, *cache_outputs(builder, presents, cache, [logits])]
-    if speculation_window:
+    if speculation_window and window_kernel:
         outputs += [
             name_output(presents[c.window_name], c.window_name, c.dtype, c.window_shape)
             for c in cache
             if c.windowed
+        ]
+    elif speculation_window:
+        outputs += [
+            name_output(presents[w.name], w.name, w.dtype, w.shape)
+            for w in window_inputs(config.layers, dtype)
         ]
     if final_hidden_output:
         outputs.append(final_hidden(builder, final, tokens, config.hidden_size, dtype))
@@ -109,6 +119,8 @@ def build_decoder(
     model = to_model(graph)
     if ctx.row_window:
         model.metadata_props[ROW_BY_ROW_WINDOW] = str(ctx.row_window)
+    if speculation_window and not window_kernel and window_inputs(config.layers, dtype):
+        model.metadata_props[RECURRENCE_DOMAIN] = recurrence_domain(ctx.backend)
     return model, module
 
 

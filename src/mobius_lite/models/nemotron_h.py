@@ -73,17 +73,14 @@ class Block(nn.Module):
         if not kind.states:
             return op.Add(hidden, self.mixer(op, normed)), {}
         # Stateful mixers take (x, dims, mask, *past states in role order) and return
-        # (out, *present states in the same order, *their windows when built with them).
+        # (out, *present states in the same order); Mamba's also a dict of its speculation
+        # window's outputs (components/state_window.py), each named by its key's window_name.
         mask = step.token_mask if kind is LayerKind.MAMBA else step.key_mask
         past = [step.past[role.past_name(i)] for role in kind.states]
         out, *states = self.mixer(op, normed, step.dims, mask, *past)
-        count = len(kind.states)
-        presents = {
-            role.present_name(i): s for role, s in zip(kind.states, states[:count], strict=True)
-        }
-        if states[count:]:
-            windows = zip(kind.states, states[count:], strict=True)
-            presents.update({role.window_name(i): w for role, w in windows})
+        windows = states.pop() if kind is LayerKind.MAMBA else {}
+        presents = {role.present_name(i): s for role, s in zip(kind.states, states, strict=True)}
+        presents.update({key.window_name(i): value for key, value in windows.items()})
         return op.Add(hidden, out), presents
 
 

@@ -19,10 +19,12 @@ from mobius_lite.io_contract import (
     INPUTS_EMBEDS,
     LOGITS,
     LOGITS_TO_KEEP,
+    RECURRENCE_DOMAIN,
     ROW_BY_ROW_WINDOW,
     window_of,
 )
 from mobius_lite.run.cached_session import CachedSession
+from mobius_lite.run.state_rewind import StateRewind
 
 
 class DecoderSession(CachedSession):
@@ -45,7 +47,7 @@ class DecoderSession(CachedSession):
         last = logits.shape[-1] if logits is not None and logits.shape else None
         self.vocab_size: int | None = last if isinstance(last, int) else None
         # Per cache input, the output holding its state after each position of a short call
-        # (packages built with a speculation window; Mamba states only).
+        # (packages built with the state_window kernels; Mamba states only).
         outputs = set(self.output_names)
         self.windows = {
             c.past_name: window_of(c.past_name)
@@ -56,6 +58,13 @@ class DecoderSession(CachedSession):
         # does (an int8-activation decoder's experts row by row; 0: not promised)
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.row_window = int(metadata.get(ROW_BY_ROW_WINDOW, 0))
+        # The Mamba states after a prefix of a short call, from its window inputs (packages
+        # built with a speculation window on the scan route); None without them.
+        domain = metadata.get(RECURRENCE_DOMAIN)
+        providers = self.session.get_providers()
+        rewind = StateRewind(self.cache, outputs, domain, providers) if domain else None
+        self.rewind = rewind if rewind is not None and rewind.layers else None
+        self.call_past: dict[str, np.ndarray] = {}  # the rewound states before the last call
 
     def check_ids(self, ids: np.ndarray) -> None:
         """ConfigError when a token id lies outside the decoder's vocabulary."""
@@ -99,22 +108,30 @@ class DecoderSession(CachedSession):
         if logits_to_keep and self.keeps_logits:
             feeds[LOGITS_TO_KEEP] = np.array(logits_to_keep, dtype=np.int64)
         results = dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
+        if self.rewind is not None:
+            self.call_past = {name: self.past[name] for name in self.rewind.past_names}
         self.past = {c.past_name: results[c.present_name] for c in self.cache}
         return results
 
     def keep_prefix(self, out: dict[str, np.ndarray], fed: int, kept: int) -> bool:
         """After the last call, over `fed` positions, which returned `out`: keep the state
         after its first `kept` positions only, as if only those had been fed (also after an
-        earlier keep_prefix of the same call). Mamba states come from the call's windows
-        (slot kept - 1), attention K/V and the mask are cut on their sequence axis. Returns
-        False, changing nothing, when the call cannot give it (a decoder without windows,
-        or a call of more positions than its window); the caller then restores its own
-        snapshot and re-runs the kept positions."""
+        earlier keep_prefix of the same call). Mamba states are re-derived from the call's
+        window inputs (run/state_rewind.py) or taken from its state windows (slot kept - 1);
+        attention K/V and the mask are cut on their sequence axis. Returns False, changing
+        nothing, when the call cannot give it (a decoder without windows, or a call of more
+        positions than its window); the caller then restores its own snapshot and re-runs
+        the kept positions."""
         total = self.call_start + kept
+        rewound = {} if self.rewind is None else self.rewind.states(self.call_past, out, fed, kept)
+        if rewound is None:
+            return False
         kept_past = {}
         for c in self.cache:
             window = out.get(self.windows.get(c.past_name, ""))
-            if window is not None and window.shape[0] == fed:
+            if c.past_name in rewound:
+                kept_past[c.past_name] = rewound[c.past_name]
+            elif window is not None and window.shape[0] == fed:
                 kept_past[c.past_name] = np.ascontiguousarray(window[kept - 1])
             elif c.past_name in self.windows or len(c.shape) != 4 or isinstance(c.shape[2], int):
                 return False  # a state with no usable window and no sequence axis to cut
