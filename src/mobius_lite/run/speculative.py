@@ -5,9 +5,10 @@ previous draft and the head's own `mtp_hidden_states` (a head of distinct depths
 through its depths in order, run/mtp_depths.py); one decoder call over K+1 tokens
 verifies them; the longest prefix that equals the decoder's greedy choices is accepted, plus
 the decoder's own next token. When a draft is rejected the decoder is cut back to the
-accepted prefix: its Mamba states from the verifying call's own per-position windows
-(packages built with them) and its attention caches on their sequence axis, or, for a
-decoder without windows, by restoring the snapshot taken before the call and re-running the
+accepted prefix: its Mamba states re-derived from the verifying call's own per-position
+recurrence inputs (run/state_rewind.py; or taken from the state_window kernels' per-position
+states) and its attention caches on their sequence axis, or, for a decoder without either, by
+restoring the snapshot taken before the call and re-running the
 accepted tokens. Either way the conv and SSM states and the attention caches end where plain
 greedy decoding puts them (docs/speculative.md). A DraftController (draft_control.py) picks
 K per round from the measured acceptance and call costs. The tokens are the decoder's
@@ -56,12 +57,13 @@ class SpeculationOptions:
 class SpeculationStats:
     """Draft counts, per row: `proposed` drafts, `accepted` drafts (the tokens they saved a
     decoder call for), `rounds` verifying calls (plain steps included), `rewinds` rounds cut
-    back to their accepted prefix from the call's own state windows, `rollbacks` re-runs
-    after a rejection (decoders without windows), `decoder_calls` all decoder calls (prefill
-    and re-runs included), `head_calls` draft calls (probes included), `k_rounds` rounds run
-    per K (0: a plain step), `probes` plain steps that also drafted one token to learn about
-    the head, `probes_right` those whose draft was the step's greedy choice (neither counts
-    in `proposed` / `accepted`: a probe saves no decoder call)."""
+    back to their accepted prefix from the call's own outputs (DecoderSession.keep_prefix),
+    `rollbacks` re-runs after a rejection (decoders without speculation windows),
+    `decoder_calls` all decoder calls (prefill and re-runs included), `head_calls` draft calls
+    (probes included), `k_rounds` rounds run per K (0: a plain step), `probes` plain steps
+    that also drafted one token to learn about the head, `probes_right` those whose draft was
+    the step's greedy choice (neither counts in `proposed` / `accepted`: a probe saves no
+    decoder call)."""
 
     proposed: int = 0
     accepted: int = 0
@@ -284,8 +286,8 @@ class _Speculation:
 
 class _Calls:
     """One speculative generation's calls: it times them for the controller, counts them,
-    and cuts the decoder back to an accepted prefix (from the verifying call's windows, or
-    by a re-run from the snapshot when the decoder has none)."""
+    and cuts the decoder back to an accepted prefix (from the verifying call's own outputs,
+    or by a re-run from the snapshot when the decoder cannot give it)."""
 
     def __init__(
         self, decoder: DecoderSession, head: DraftHead, k: int, options: SpeculationOptions
