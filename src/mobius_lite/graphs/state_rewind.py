@@ -1,8 +1,8 @@
 """The state rewind graph: what re-derives a Mamba layer's SSM state after an accepted prefix
 of a speculative verifying call, from the call's past state and its window inputs
 (components/state_window.py). It has no weights: the runtime builds it from the decoder's
-own cache inputs when it opens the decoder (run/state_rewind.py), so a package carries no
-second graph for it.
+own cache inputs when the first rejected draft needs it (run/state_rewind.py), so a package
+carries no second graph for it.
 
 Per Mamba layer: past_key_values.{layer}.recurrent_state [batch, heads, state, head_dim] (the
 cache dtype) and window_input.{layer}.key / .value / .decay [kept, batch, width] (FP32) in,

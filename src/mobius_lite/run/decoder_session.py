@@ -64,7 +64,7 @@ class DecoderSession(CachedSession):
         providers = self.session.get_providers()
         rewind = StateRewind(self.cache, outputs, domain, providers) if domain else None
         self.rewind = rewind if rewind is not None and rewind.layers else None
-        self.call_past: dict[str, np.ndarray] = {}  # the rewound states before the last call
+        self.call_past: dict[str, np.ndarray] = {}  # its Mamba states before the last call
 
     def check_ids(self, ids: np.ndarray) -> None:
         """ConfigError when a token id lies outside the decoder's vocabulary."""
