@@ -21,6 +21,7 @@ from mobius_lite.cli.main import main
 from mobius_lite.enums import RecurrenceInput
 from mobius_lite.errors import ConfigError, PackageError
 from mobius_lite.evaluation.metrics import FP32_COSINE, FP32_NRMSE, compare
+from mobius_lite.io_contract import window_of
 from mobius_lite.run.decoder_session import DecoderSession
 from mobius_lite.run.draft_control import DraftController
 from mobius_lite.run.greedy import greedy
@@ -341,6 +342,53 @@ def test_window_inputs_are_the_calls_own(package, plain_runs, batch: int) -> Non
         np.testing.assert_array_equal(state, decoder.past[name])
     one = decoder.step(run["tokens"][:, 5:6])
     assert all(one[name].shape[0] == 0 for name in names)
+
+
+class StateWindowDecoder(DecoderSession):
+    """A decoder with the state_window kernels' contract (CUDA only in onnxruntime 1.32), on
+    the CPU: each call of 2 to 8 positions also returns present_window.* (each Mamba state
+    after each position), made here by one-position calls of a twin session from the call's
+    past, and no window inputs."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.twin = DecoderSession(path)
+        assert self.rewind is not None
+        self.windows = {name: window_of(name) for name in self.rewind.past_names}
+        self.rewind = None
+
+    def step(self, tokens, attention_mask=None, logits_to_keep=0):
+        past, mask = dict(self.past), self.mask
+        out = super().step(tokens, attention_mask, logits_to_keep)
+        positions = tokens.shape[1]
+        if 2 <= positions <= 8:
+            self.twin.past, self.twin.mask = past, mask
+            slots: dict[str, list[np.ndarray]] = {name: [] for name in self.windows}
+            for j in range(positions):
+                self.twin.step(tokens[:, j : j + 1])
+                for name, states in slots.items():
+                    states.append(self.twin.past[name])
+            out.update({self.windows[n]: np.stack(states) for n, states in slots.items()})
+        return out
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_decoder_with_state_windows_is_cut_back_from_their_slots(
+    package, plain_runs, batch: int
+) -> None:
+    """The state_window kernels' outputs (present_window.*, slot n the state after position
+    n) are what keep_prefix takes the Mamba states from when a decoder has them: every
+    rejection cut back with no re-run, plain decoding's tokens and states."""
+    run = plain_runs[batch]
+    decoder = StateWindowDecoder(package / "model.onnx")
+    sequence = np.concatenate([run["ids"], run["tokens"]], axis=1)
+    head = ScriptedHead(sequence, decoder.vocab_size, WRONG["every fifth"])
+    tokens, stats = speculative_greedy(
+        decoder, head, run["ids"], NEW_TOKENS, 4, attention_mask=run["mask"], adaptive=False
+    )
+    assert np.array_equal(np.array(tokens), run["tokens"])
+    assert not state_failures(decoder.past, run["state"])
+    assert stats.rewinds > 0 and stats.rollbacks == 0
 
 
 class FixedCosts(DraftController):
