@@ -34,6 +34,8 @@ Usage:
         --json benchmarks/investigations/runs/bench_speculative.json
     python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec_tiny \
         --size tiny --rounds 1 --new-tokens 12 --prompt-length 8      # a smoke run (seconds)
+    python benchmarks/investigations/bench_speculative.py --workdir /tmp/bench_spec \
+        --modes "head-cost p=0.0 adaptive,scripted p=0.0 adaptive" --rounds 9   # a few modes
 """
 
 from __future__ import annotations
@@ -208,6 +210,8 @@ def run_modes(args: argparse.Namespace, package: Path) -> dict[str, Any]:
     speculative_greedy(decoder, head, ids, 8, max(KS), adaptive=False)  # the head's warm-up
     known = np.array([[*ids[0], *plain]])
     table = modes(lambda: head)
+    if args.modes:  # checked in main, before anything is built
+        table = {name: table[name] for name in table if name == "plain" or name in args.modes}
     times: dict[str, list[float]] = {m: [] for m in table}
     stats: dict[str, dict[str, Any]] = {}
     differing: set[str] = set()
@@ -323,6 +327,11 @@ def main() -> None:
         help="the decoder and head each on a pool of their own (the Python API's default), or "
         "both on the process's shared pool (as `mobius generate` run as a command)",
     )
+    parser.add_argument(
+        "--modes",
+        type=lambda text: text.split(","),
+        help="comma-separated mode names to run (plain always runs; default: every mode)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--packages",
@@ -331,6 +340,10 @@ def main() -> None:
         help=f"comma-separated, of {', '.join(PACKAGES)} (default: all)",
     )
     args = parser.parse_args()
+    known = list(modes(lambda: None))
+    unknown = sorted(set(args.modes or ()) - set(known))
+    if unknown:
+        parser.error(f"unknown modes {unknown}; the modes are: {', '.join(known)}")
 
     claim_workdir(args.workdir)
     load_before = os.getloadavg()
@@ -342,6 +355,7 @@ def main() -> None:
         "prompt_length": args.prompt_length,
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
+        "modes": args.modes or "all",
         "threads": args.threads,
         "threading": args.threading,
         "packages": {name: run_modes(args, packages[name]) for name in args.packages},
