@@ -1,5 +1,6 @@
 r"""The calls speculative decoding is made of, timed per package: the decoder's prefill, its
-one-position step and a verifying call over 4 positions, and the head's catch-up over the
+one-position step, a verifying call over 4 positions and cutting it back to 2 (a rejected
+draft: DecoderSession.keep_prefix), and the head's catch-up over the
 prompt, its one-position draft call (both `logits_to_keep` 1, as run/speculative.py asks), and
 its calls over 1 to 4 positions after the prompt (what one more position costs a call: a
 chain of distinct depths re-runs each depth's accepted speculative entries in its next
@@ -69,10 +70,26 @@ def measure(package: Path, threads: int, repeats: int) -> dict[str, Any]:
         decoder.past, decoder.mask = dict(state[0]), state[1]
         decoder.step(fed, logits_to_keep=fed.shape[1])
 
+    def cut_back_ms() -> float | None:
+        """Median time of cutting a 4-position verifying call back to its first 2 positions
+        (DecoderSession.keep_prefix: the Mamba states' rewind, the caches cut); None when the
+        decoder cannot (no speculation windows)."""
+        times = []
+        for _ in range(repeats * 4):
+            decoder.past, decoder.mask = dict(state[0]), state[1]
+            fed = np.repeat(token, VERIFY, 1)
+            out = decoder.step(fed, logits_to_keep=VERIFY)
+            start = time.perf_counter()
+            if not decoder.keep_prefix(out, VERIFY, 2):
+                return None
+            times.append(time.perf_counter() - start)
+        return round(statistics.median(times) * 1e3, 3)
+
     decoder_figures = {
         "prefill_ms": median_ms(prefill, repeats),
         "step_ms": median_ms(lambda: from_prompt(token), repeats * 4),
         "verify_4_ms": median_ms(lambda: from_prompt(np.repeat(token, VERIFY, 1)), repeats * 4),
+        "cut_back_4_to_2_ms": cut_back_ms(),
     }
     if not (package / "mtp.onnx").is_file():  # a package without a head: the decoder's calls
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
