@@ -6,7 +6,9 @@ largest decoder call measured so far, so no round rests on a verifying cost extr
 further than one position. It was meant to stop a costly head from being drafted at larger K
 on extrapolated costs (the int8 package's head-cost p = 0.85 mode). It is not in the library:
 this run measured it losing more on good drafters than it saved there. The "margin": draft
-only when the best estimated rate beats plain steps by 5%.
+only when the best estimated rate beats plain steps by 5%. The "priced-cut": a round of k
+drafts also pays (1 - a^k) R, R the measured cut back after a rejected draft (about 1 ms on
+the mid model's rewind); not kept either.
 
 Per package (bench_speculative.py's mid packages, built in --workdir when missing) and mode
 (scripted drafters p = 0 .. 1, the package's own head, head-cost p = 0.85), each round times
@@ -65,7 +67,33 @@ class Margin(DraftController):
         return best if self.rate(best) > 1.05 else 0
 
 
-VARIANTS: dict[str, type[DraftController]] = {"climb": Climb, "margin": Margin}
+class PricedCut(DraftController):
+    """The variant: a round of k drafts also pays (1 - a^k) R, R the measured time of cutting
+    the decoder back after a rejected draft (DecoderSession.keep_prefix, timed by
+    run_package), which the library's rate leaves out."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.cut_seconds = 0.0
+
+    def observe_cut(self, seconds: float) -> None:
+        self.cut_seconds = self._latest("cut", seconds)
+
+    def rate(self, k: int) -> float:
+        if k == 0:
+            return 1.0
+        a = self.acceptance
+        emitted = float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+        drafting = k * (self.head_seconds or 0.0)
+        cost = self._decoder(k + 1) + drafting + (1.0 - a**k) * self.cut_seconds
+        return emitted * self._decoder(1) / cost
+
+
+VARIANTS: dict[str, type[DraftController]] = {
+    "climb": Climb,
+    "margin": Margin,
+    "priced-cut": PricedCut,
+}
 
 
 def drafters(package: Path, known: np.ndarray, vocab: int) -> dict[str, Callable[[], Any]]:
@@ -87,6 +115,18 @@ def run_package(
 ) -> dict[str, dict[str, float]]:
     options = without_spinning(session_options(threads))
     decoder = DecoderSession(package / "model.onnx", session_options=options)
+    current: list[DraftController] = []  # the controller of the generation running
+    keep_prefix = decoder.keep_prefix
+
+    def timed_keep_prefix(out: dict[str, np.ndarray], fed: int, kept: int) -> bool:
+        """keep_prefix, its time told to a controller that prices it (PricedCut)."""
+        start = time.perf_counter()
+        done = keep_prefix(out, fed, kept)
+        if done and isinstance(current[-1], PricedCut):
+            current[-1].observe_cut(time.perf_counter() - start)
+        return done
+
+    decoder.keep_prefix = timed_keep_prefix
     ids = np.random.default_rng(10).integers(3, decoder.vocab_size, size=(1, 32)).astype(np.int64)
     plain_tokens = greedy(decoder, ids, 48).tokens  # warm-up and the reference
     known = np.array([[*ids[0], *plain_tokens]])
@@ -100,9 +140,10 @@ def run_package(
             policies = [("library", DraftController), (variant, VARIANTS[variant])]
             for name, policy in policies if r % 2 == 0 else policies[::-1]:
                 drafter = make()
+                current.append(policy(K_MAX))
                 start = time.perf_counter()
                 tokens, _ = speculative_greedy(
-                    decoder, drafter, ids, 48, K_MAX, adaptive=True, controller=policy(K_MAX)
+                    decoder, drafter, ids, 48, K_MAX, adaptive=True, controller=current[-1]
                 )
                 seconds = time.perf_counter() - start
                 if tokens[0] != plain_tokens:
