@@ -46,16 +46,27 @@ def _ints(op: OpBuilder, *values: int) -> ir.Value:
     return op.Constant(value_ints=list(values))
 
 
+# The SSD recurrence's window inputs, in the order the runtime's rewind feeds them (the conv
+# input is rewound apart, run/state_rewind.py).
+SSD_INPUTS = (RecurrenceInput.KEY, RecurrenceInput.VALUE, RecurrenceInput.DECAY)
+
+
+def ssd_input_widths(heads: int, state_size: int, head_dim: int) -> dict[RecurrenceInput, int]:
+    """The width of each SSD window input (FP32), in SSD_INPUTS order: key heads x state,
+    value heads x head_dim, decay one per head."""
+    widths = (heads * state_size, heads * head_dim, heads)
+    return dict(zip(SSD_INPUTS, widths, strict=True))
+
+
 def recurrence_input_widths(
     spec: MambaSpec, conv_dtype: ir.DataType
 ) -> dict[RecurrenceInput, tuple[ir.DataType, int]]:
     """Each window input's (dtype, width) for a Mamba layer of `spec`: the conv input in the
     conv cache's dtype, the SSD recurrence's key, value and decay in FP32."""
+    ssd = ssd_input_widths(spec.num_heads, spec.ssm_state_size, spec.head_dim)
     return {
         RecurrenceInput.CONV_INPUT: (conv_dtype, spec.conv_dim),
-        RecurrenceInput.KEY: (FLOAT, spec.num_heads * spec.ssm_state_size),
-        RecurrenceInput.VALUE: (FLOAT, spec.num_heads * spec.head_dim),
-        RecurrenceInput.DECAY: (FLOAT, spec.num_heads),
+        **{which: (FLOAT, width) for which, width in ssd.items()},
     }
 
 

@@ -95,17 +95,14 @@ def build_decoder(
     logits.type = ir.TensorType(ir.DataType.FLOAT)
     logits.shape = ir.Shape([BATCH, "logits_sequence", config.vocab_size])
     outputs = [logits, *cache_outputs(builder, presents, cache, [logits])]
+    inputs = window_inputs(config.layers, dtype) if speculation_window and not window_kernel else []
     if speculation_window and window_kernel:
         outputs += [
             name_output(presents[c.window_name], c.window_name, c.dtype, c.window_shape)
             for c in cache
             if c.windowed
         ]
-    elif speculation_window:
-        outputs += [
-            name_output(presents[w.name], w.name, w.dtype, w.shape)
-            for w in window_inputs(config.layers, dtype)
-        ]
+    outputs += [name_output(presents[w.name], w.name, w.dtype, w.shape) for w in inputs]
     if final_hidden_output:
         outputs.append(final_hidden(builder, final, tokens, config.hidden_size, dtype))
     if hidden_state_outputs:
@@ -119,7 +116,7 @@ def build_decoder(
     model = to_model(graph)
     if ctx.row_window:
         model.metadata_props[ROW_BY_ROW_WINDOW] = str(ctx.row_window)
-    if speculation_window and not window_kernel and window_inputs(config.layers, dtype):
+    if inputs:  # the runtime's rewind runs the recurrence op of this domain
         model.metadata_props[RECURRENCE_DOMAIN] = recurrence_domain(ctx.backend)
     return model, module
 

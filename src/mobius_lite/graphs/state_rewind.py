@@ -22,8 +22,8 @@ from onnxscript import GraphBuilder
 
 from mobius_lite.components.common import FLOAT, cast_to, to_float32
 from mobius_lite.components.mamba2 import gated_recurrence
-from mobius_lite.components.state_window import positions_first
-from mobius_lite.enums import Backend, RecurrenceInput, StateRole
+from mobius_lite.components.state_window import SSD_INPUTS, positions_first, ssd_input_widths
+from mobius_lite.enums import Backend, StateRole
 from mobius_lite.formats.contrib import CONTRIB_DOMAIN, is_ort
 from mobius_lite.graphs.builder import graph_value, name_output, new_graph, to_model
 
@@ -46,6 +46,10 @@ class RewindLayer:
     head_dim: int
     dtype: ir.DataType  # the SSM cache's element type
 
+    @property
+    def state_shape(self) -> tuple[int | str, ...]:
+        return ("batch", self.heads, self.state_size, self.head_dim)
+
 
 def build_state_rewind(layers: Sequence[RewindLayer], domain: str) -> ir.Model:
     """The rewind graph of `layers` (module doc); `domain`: the decoder's RECURRENCE_DOMAIN."""
@@ -53,26 +57,23 @@ def build_state_rewind(layers: Sequence[RewindLayer], domain: str) -> ir.Model:
         raise ValueError(f"unknown recurrence domain {domain!r}")
     contrib = domain == CONTRIB_DOMAIN
     inputs: list[ir.Value] = []
-    recurrence = (RecurrenceInput.KEY, RecurrenceInput.VALUE, RecurrenceInput.DECAY)
     for spec in layers:
-        state_shape = ("batch", spec.heads, spec.state_size, spec.head_dim)
-        widths = (spec.heads * spec.state_size, spec.heads * spec.head_dim, spec.heads)
-        inputs.append(
-            graph_value(StateRole.RECURRENT.past_name(spec.layer), spec.dtype, state_shape)
-        )
+        past = StateRole.RECURRENT.past_name(spec.layer)
+        inputs.append(graph_value(past, spec.dtype, spec.state_shape))
+        widths = ssd_input_widths(spec.heads, spec.state_size, spec.head_dim)
         inputs += [
             graph_value(which.window_name(spec.layer), FLOAT, ("kept", "batch", width))
-            for which, width in zip(recurrence, widths, strict=True)
+            for which, width in widths.items()
         ]
     graph = new_graph("mamba_state_rewind", inputs)
     op = GraphBuilder(graph).op
-    per_layer = 1 + len(recurrence)
+    per_layer = 1 + len(SSD_INPUTS)
     for i, spec in enumerate(layers):
         past, key, value, decay = inputs[i * per_layer : (i + 1) * per_layer]
         key, value, decay = (positions_first(op, v) for v in (key, value, decay))
         operands = (key, key, value, decay, to_float32(op, past))
         _, present = gated_recurrence(op, *operands, spec.heads, contrib)
         name = StateRole.RECURRENT.present_name(spec.layer)
-        shape = ("batch", spec.heads, spec.state_size, spec.head_dim)
-        graph.outputs.append(name_output(cast_to(op, present, spec.dtype), name, spec.dtype, shape))
+        present = cast_to(op, present, spec.dtype)
+        graph.outputs.append(name_output(present, name, spec.dtype, spec.state_shape))
     return to_model(graph)

@@ -15,14 +15,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from mobius_lite.components.state_window import SSD_INPUTS
 from mobius_lite.enums import RecurrenceInput, StateRole
 from mobius_lite.graphs.state_rewind import RewindLayer, build_state_rewind
 from mobius_lite.io_contract import layer_of
 from mobius_lite.run.cached_session import CacheInput
 from mobius_lite.run.ort_session import create_session, without_spinning
-
-# the SSD recurrence's inputs the rewind graph takes (the conv input is rewound in numpy)
-RECURRENCE = (RecurrenceInput.KEY, RecurrenceInput.VALUE, RecurrenceInput.DECAY)
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ class StateRewind:
             conv_input = slots[RecurrenceInput.CONV_INPUT.window_name(layer.name)][:kept]
             states[layer.conv.past_name] = conv_state(past[layer.conv.past_name], conv_input)
             feeds[layer.ssm.past_name] = past[layer.ssm.past_name]
-            for which in RECURRENCE:
+            for which in SSD_INPUTS:
                 name = which.window_name(layer.name)
                 feeds[name] = slots[name][:kept]
         results = self._rewind_session().run(None, feeds)
